@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Idempotent setup of this machine as the controller and host of the simulated GPU box:
+# apt packages, podman's host settings, the .venv, the box image and the tiny models.
+# Each step skips itself when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "apt: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Podman's host settings for systemd containers on this kind of machine (shared docs/sim-box.md):
+# crun refuses the hybrid cgroup layout; rlimits above the host's hard limits are refused;
+# without the host's cgroup2 tree, systemd in the container stalls 90 s on about half the stops.
+conf=/etc/containers/containers.conf.d/50-specfleet.conf
+nproc_max=$(( $(ulimit -Hu) < $(cat /proc/sys/kernel/pid_max) ? $(ulimit -Hu) : $(cat /proc/sys/kernel/pid_max) ))
+want=$(
+  echo '# Written by specfleet scripts/bootstrap.sh'
+  echo '[containers]'
+  echo "default_ulimits = [\"nofile=$(ulimit -Hn):$(ulimit -Hn)\", \"nproc=$nproc_max:$nproc_max\"]"
+  if [ -e /sys/fs/cgroup/unified/cgroup.controllers ]; then
+    echo 'volumes = ["/sys/fs/cgroup/unified:/sys/fs/cgroup/unified:rw"]'
+  fi
+  echo '[engine]'
+  echo 'runtime = "runc"'
+)
+if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
+  step "podman: writing $conf"
+  mkdir -p "$(dirname "$conf")"
+  printf '%s\n' "$want" > "$conf"
+fi
+
+stamp=.venv/.requirements.sha256
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum requirements.txt)" ]; then
+  step "venv: installing requirements.txt into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet -r requirements.txt
+  sha256sum requirements.txt > "$stamp"
+fi
+
+step "sim box image"
+scripts/build-sim-image.sh
+
+step "sim models"
+.venv/bin/python tools/build_sim_models.py --out build/sim-models
