@@ -22,4 +22,6 @@ def test_molecule_scenario(scenario, capsys):
     with capsys.disabled():
         print(f"\n--- molecule test -s {scenario}", flush=True)
         result = subprocess.run([str(molecule), "test", "-s", scenario], cwd=ROOT, check=False)
-    assert result.returncode == 0, f"molecule test -s {scenario} failed (exit {result.returncode}); see its output above"
+    assert result.returncode == 0, (
+        f"molecule test -s {scenario} failed (exit {result.returncode}); see its output above"
+    )

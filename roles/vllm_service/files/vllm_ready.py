@@ -43,8 +43,10 @@ def main():
         state = unit_state(args.unit)
         # NRestarts counts automatic restarts since the last explicit start: each one is a crash.
         if state.get("ActiveState") == "failed" or int(state.get("NRestarts", "0")) > 0:
-            print(f"{args.unit} crashed ({state.get('ActiveState')}/{state.get('SubState')}, "
-                  f"{state.get('NRestarts')} automatic restarts)")
+            print(
+                f"{args.unit} crashed ({state.get('ActiveState')}/{state.get('SubState')}, "
+                f"{state.get('NRestarts')} automatic restarts)"
+            )
             return 1
         if state.get("ActiveState") == "inactive":
             print(f"{args.unit} is not running")

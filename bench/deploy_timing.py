@@ -1,0 +1,69 @@
+"""Deploy timings on a fresh simulated GPU box (prints figures; not a test).
+
+Creates its own box container (specfleet-bench, loopback port 18001), then measures:
+the first deploy.yml run, a second no-change run, their ratio, and vLLM's own time from
+process start to "Application startup complete" inside the first run. Removes the box after.
+
+    .venv/bin/python bench/deploy_timing.py
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BOX = "specfleet-bench"
+EXTRA = ["-e", f"ansible_host={BOX}", "-e", "sim_box_host_port=18001"]
+
+
+def playbook(name, *args):
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(BIN / "ansible-playbook"), name, *EXTRA, *args], cwd=ROOT, capture_output=True, text=True
+    )
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"{name} failed:\n{result.stdout[-3000:]}")
+    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
+    return elapsed, recap[-1].split(":", 1)[1].strip()
+
+
+def box(*command):
+    return subprocess.run(
+        ["podman", "exec", BOX, *command], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def vllm_time_to_ready():
+    """Seconds from the server process start to uvicorn's startup message, from the journal."""
+    entries = [json.loads(line) for line in box("journalctl", "-u", "vllm", "-o", "json").splitlines()]
+    starts = [
+        int(e["__MONOTONIC_TIMESTAMP"]) for e in entries if e.get("MESSAGE", "") == "Started vllm.service."
+    ]
+    ready = [
+        int(e["__MONOTONIC_TIMESTAMP"])
+        for e in entries
+        if "Application startup complete" in str(e.get("MESSAGE", ""))
+    ]
+    return (ready[-1] - starts[-1]) / 1e6
+
+
+def main():
+    subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
+    try:
+        playbook("playbooks/sim_box.yml")
+        first, first_recap = playbook("deploy.yml")
+        second, second_recap = playbook("deploy.yml")
+        print(f"first deploy.yml on a fresh box : {first:7.1f} s   ({first_recap})")
+        print(f"second run, nothing to change   : {second:7.1f} s   ({second_recap})")
+        print(f"ratio first / second            : {first / second:7.1f} x")
+        print(f"vLLM start to ready (in run 1)  : {vllm_time_to_ready():7.1f} s")
+    finally:
+        subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
+
+
+if __name__ == "__main__":
+    main()
