@@ -71,7 +71,7 @@ def assert_stopped_untouched(result, reason):
             ["-e", "vllm_service_tensor_parallel_size=16"],
             "vllm_service_tensor_parallel_size=16 must be between 1",
         ),
-        (["-e", "vllm_service_port=not-a-port"], "vllm_service_port"),
+        (["-e", "vllm_service_port=not-a-port"], "argument 'vllm_service_port' is of type str"),
     ],
     ids=["no-nvidia-smi", "gpu-count", "disk", "model-path", "tp-size", "wrong-type"],
 )
