@@ -3,14 +3,12 @@
 Where each fixture comes from: tests/fixtures/nvidia-smi/SOURCES.md.
 """
 
-import json
 import pathlib
 import re
 import stat
 
 import gpu_topology as gt
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 
@@ -410,16 +408,10 @@ def fake_nvidia_smi(tmp_path, topo_file, query_file, topo_rc=0, stderr=""):
     return script, log
 
 
-def run_main(capsys, args):
-    with patch_module_args(args), pytest.raises(SystemExit):
-        gt.main()
-    return json.loads(capsys.readouterr().out)
-
-
-def test_main_rtx4090_end_to_end(tmp_path, capsys):
+def test_main_rtx4090_end_to_end(tmp_path, run_module):
     box = FIXTURES / "rtx4090-8gpu-pcie"
     script, log = fake_nvidia_smi(tmp_path, box / "topo-m.txt", box / "query-noheader.csv")
-    result = run_main(capsys, {"nvidia_smi": str(script), "_ansible_check_mode": True})
+    result = run_module(gt, {"nvidia_smi": str(script), "_ansible_check_mode": True})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     facts = result["ansible_facts"]["gpu_topology"]
@@ -445,11 +437,11 @@ def test_main_rtx4090_end_to_end(tmp_path, capsys):
     ]
 
 
-def test_main_nvlink_bare_name_on_path(tmp_path, capsys, monkeypatch):
+def test_main_nvlink_bare_name_on_path(tmp_path, run_module, monkeypatch):
     box = FIXTURES / "h100-8gpu-nvlink-nics"
     fake_nvidia_smi(tmp_path, box / "topo-m.txt", box / "query-noheader.csv")
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    result = run_main(capsys, {})
+    result = run_module(gt, {})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     facts = result["ansible_facts"]["gpu_topology"]
@@ -460,73 +452,73 @@ def test_main_nvlink_bare_name_on_path(tmp_path, capsys, monkeypatch):
     assert facts["nics"][-1] == "mlx5_7"
 
 
-def test_main_single_h200(tmp_path, capsys):
+def test_main_single_h200(tmp_path, run_module):
     box = FIXTURES / "h200-1gpu"
     script, _log = fake_nvidia_smi(tmp_path, box / "topo-m.txt", box / "query-noheader.csv")
-    facts = run_main(capsys, {"nvidia_smi": str(script)})["ansible_facts"]["gpu_topology"]
+    facts = run_module(gt, {"nvidia_smi": str(script)})["ansible_facts"]["gpu_topology"]
     assert facts["gpu_count"] == 1
     assert facts["gpus"][0]["memory_mib"] == 143771
     assert facts["worst_hop"] is None
     assert facts["nccl_env"] == {}
 
 
-def test_main_fails_on_count_mismatch(tmp_path, capsys):
+def test_main_fails_on_count_mismatch(tmp_path, run_module):
     script, _log = fake_nvidia_smi(
         tmp_path, FIXTURES / "rtx4090-8gpu-pcie" / "topo-m.txt", FIXTURES / "h200-1gpu" / "query-noheader.csv"
     )
-    result = run_main(capsys, {"nvidia_smi": str(script)})
+    result = run_module(gt, {"nvidia_smi": str(script)})
     assert result["failed"] is True
     assert "shows 8 GPU(s)" in result["msg"] and "lists 1" in result["msg"]
     assert "\n" not in result["msg"]
 
 
-def test_main_fails_on_garbage_topology(tmp_path, capsys):
+def test_main_fails_on_garbage_topology(tmp_path, run_module):
     garbage = tmp_path / "garbage.txt"
     garbage.write_text("hello\nthis is not a topology\n")
     script, _log = fake_nvidia_smi(tmp_path, garbage, FIXTURES / "h200-1gpu" / "query-noheader.csv")
-    result = run_main(capsys, {"nvidia_smi": str(script)})
+    result = run_module(gt, {"nvidia_smi": str(script)})
     assert result["failed"] is True
     assert result["msg"].startswith("cannot parse `nvidia-smi topo -m`: no header row")
     assert "this is not a topology" in result["msg"]
 
 
-def test_main_fails_on_garbage_query(tmp_path, capsys):
+def test_main_fails_on_garbage_query(tmp_path, run_module):
     garbage = tmp_path / "garbage.csv"
     garbage.write_text("0, NVIDIA H200\n")
     script, _log = fake_nvidia_smi(tmp_path, FIXTURES / "h200-1gpu" / "topo-m.txt", garbage)
-    result = run_main(capsys, {"nvidia_smi": str(script)})
+    result = run_module(gt, {"nvidia_smi": str(script)})
     assert result["failed"] is True
     assert result["msg"].startswith("cannot parse `nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total")
 
 
-def test_main_fails_on_nonzero_rc(tmp_path, capsys):
+def test_main_fails_on_nonzero_rc(tmp_path, run_module):
     message = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     empty = tmp_path / "empty"
     empty.write_text("")
     script, _log = fake_nvidia_smi(tmp_path, empty, empty, topo_rc=9, stderr=message)
-    result = run_main(capsys, {"nvidia_smi": str(script)})
+    result = run_module(gt, {"nvidia_smi": str(script)})
     assert result["failed"] is True
     assert result["msg"] == "`nvidia-smi topo -m` failed with rc=9: " + message
     assert result["rc"] == 9
 
 
-def test_main_fails_when_binary_missing(tmp_path, capsys, monkeypatch):
+def test_main_fails_when_binary_missing(tmp_path, run_module, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    result = run_main(capsys, {"nvidia_smi": "nvidia-smi-not-installed"})
+    result = run_module(gt, {"nvidia_smi": "nvidia-smi-not-installed"})
     assert result["failed"] is True
     assert (
         result["msg"] == f"nvidia-smi-not-installed not found on {tmp_path}: is the NVIDIA driver installed?"
     )
 
 
-def test_main_fails_when_path_missing(tmp_path, capsys):
+def test_main_fails_when_path_missing(tmp_path, run_module):
     missing = tmp_path / "no" / "nvidia-smi"
-    result = run_main(capsys, {"nvidia_smi": str(missing)})
+    result = run_module(gt, {"nvidia_smi": str(missing)})
     assert result["failed"] is True
     assert result["msg"] == f"{missing} not found or not executable: is the NVIDIA driver installed?"
 
 
-def test_main_rejects_unknown_option(capsys):
-    result = run_main(capsys, {"nvidia_smi": "nvidia-smi", "bogus": 1})
+def test_main_rejects_unknown_option(run_module):
+    result = run_module(gt, {"nvidia_smi": "nvidia-smi", "bogus": 1})
     assert result["failed"] is True
     assert "bogus" in result["msg"]

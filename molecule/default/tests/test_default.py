@@ -1,41 +1,15 @@
 """The converged simulated box: unit, NCCL environment, service, and a real EAGLE-3 server."""
 
-import json
-import re
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "library"))
 import gpu_topology  # noqa: E402
 
 FIXTURE = ROOT / "tests/fixtures/nvidia-smi/rtx4090-8gpu-pcie"
-GROUP_VARS = ROOT / "inventory/local/group_vars/sim_boxes.yml"
-API_KEY = re.search(r"^vllm_service_api_key: (\S+)$", GROUP_VARS.read_text(), re.M).group(1)
-BASE = "http://127.0.0.1:8000"
-
-
-def http(host, path, payload=None, api_key=API_KEY):
-    """GET or POST (JSON) from inside the box; returns (status, body text)."""
-    script = (
-        "import json,sys,urllib.request,urllib.error\n"
-        "data=sys.argv[2].encode() if sys.argv[2] else None\n"
-        "req=urllib.request.Request(sys.argv[1],data=data,headers={'Content-Type':'application/json',"
-        "'Authorization':'Bearer '+sys.argv[3]})\n"
-        "try:\n r=urllib.request.urlopen(req,timeout=120); print(r.status); print(r.read().decode())\n"
-        "except urllib.error.HTTPError as e:\n print(e.code); print(e.read().decode())\n"
-    )
-    out = host.check_output(
-        "python3 -c %s %s %s %s",
-        script,
-        BASE + path,
-        json.dumps(payload) if payload else "",
-        api_key,
-    )
-    status, _, body = out.partition("\n")
-    return int(status), body
+sys.path.insert(0, str(ROOT / "tests"))
+from sim_box_client import API_KEY, chat, counter, http  # noqa: E402
 
 
 def unit_environment(host):
@@ -83,30 +57,7 @@ def test_api_key_is_enforced(host):
     assert http(host, "/v1/models")[0] == 200
 
 
-@pytest.fixture(scope="module")
-def drafts_before(host):
-    return spec_counter(host, "vllm:spec_decode_num_drafts_total")
-
-
-def spec_counter(host, name):
-    status, body = http(host, "/metrics")
-    assert status == 200
-    values = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{")]
-    return sum(values)
-
-
-def test_completion_is_speculated(host, drafts_before):
-    status, body = http(
-        host,
-        "/v1/chat/completions",
-        {
-            "model": "tiny",
-            "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 32,
-            "temperature": 0,
-        },
-    )
-    assert status == 200, body
-    text = json.loads(body)["choices"][0]["message"]["content"]
-    assert text.strip()
-    assert spec_counter(host, "vllm:spec_decode_num_drafts_total") > drafts_before
+def test_completion_is_speculated(host):
+    drafts_before = counter(host, "vllm:spec_decode_num_drafts_total")
+    assert chat(host).strip()
+    assert counter(host, "vllm:spec_decode_num_drafts_total") > drafts_before

@@ -1,0 +1,170 @@
+#!/usr/bin/python
+"""Ansible module: a content manifest of a directory, re-hashing only files that changed."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dir_manifest
+short_description: List a directory's files with size, mtime and sha256, and a digest of the whole
+description:
+  - Walks I(path) and returns every regular file with its size, modification time and sha256, plus
+    C(digest), the sha256 of the sorted (name, size, sha256) list. The digest names a release: the
+    same content gives the same digest wherever it lies.
+  - With I(cache), sha256 values are reused for files whose size and mtime are unchanged, so a
+    multi-GB checkpoint that did not change is not read again (only stat'ed).
+  - Changes nothing but its own cache file (not written in check mode); C(changed) is always false.
+options:
+  path:
+    description: Directory to describe.
+    type: path
+    required: true
+  cache:
+    description: JSON file that keeps sha256 values between runs, keyed by name, size and mtime.
+    type: path
+  exclude:
+    description: File names (relative to I(path)) left out of the manifest.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - specfleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Describe the drafter checkpoint on the controller
+  dir_manifest:
+    path: /data/drafters/kimi-k25-eagle3
+    cache: ~/.cache/specfleet/manifests/kimi-k25-eagle3.json
+  delegate_to: localhost
+  register: drafter_manifest
+"""
+
+RETURN = r"""
+files:
+  description: One entry per regular file, sorted by name.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"name": "config.json", "size": 675, "mtime_ns": 1764400000000000000, "sha256": "ab12..."}]
+digest:
+  description: sha256 over the sorted (name, size, sha256) triples.
+  returned: success
+  type: str
+total_bytes:
+  description: Sum of the file sizes.
+  returned: success
+  type: int
+hashed:
+  description: Names of the files whose sha256 was computed in this run (not taken from the cache).
+  returned: success
+  type: list
+  elements: str
+"""
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+CHUNK = 4 * 1024 * 1024
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def walk(root, exclude):
+    """Relative names of the regular files under root, sorted; symlinks are not followed."""
+    names = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for name in files:
+            full = os.path.join(directory, name)
+            relative = os.path.relpath(full, root)
+            if relative not in exclude and os.path.isfile(full) and not os.path.islink(full):
+                names.append(relative)
+    return sorted(names)
+
+
+def build_manifest(root, cache=None, exclude=()):
+    """Return (manifest dict, updated cache dict). cache maps name -> {size, mtime_ns, sha256}."""
+    cache = cache or {}
+    files, new_cache, hashed = [], {}, []
+    for name in walk(root, set(exclude)):
+        stat = os.stat(os.path.join(root, name))
+        cached = cache.get(name)
+        if cached and cached.get("size") == stat.st_size and cached.get("mtime_ns") == stat.st_mtime_ns:
+            sha = cached["sha256"]
+        else:
+            sha = sha256_file(os.path.join(root, name))
+            hashed.append(name)
+        entry = {"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+        files.append(entry)
+        new_cache[name] = {k: entry[k] for k in ("size", "mtime_ns", "sha256")}
+    digest = hashlib.sha256(
+        "\n".join(f"{f['name']}\0{f['size']}\0{f['sha256']}" for f in files).encode()
+    ).hexdigest()
+    manifest = {
+        "files": files,
+        "digest": digest,
+        "total_bytes": sum(f["size"] for f in files),
+        "hashed": hashed,
+    }
+    return manifest, new_cache
+
+
+def load_cache(path):
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save_cache(path, cache):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(cache, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "cache": {"type": "path"},
+            "exclude": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    root, cache_path = module.params["path"], module.params["cache"]
+    if not os.path.isdir(root):
+        module.fail_json(msg=f"{root} is not a directory")
+    try:
+        manifest, cache = build_manifest(
+            root, load_cache(cache_path) if cache_path else None, module.params["exclude"]
+        )
+        if not manifest["files"]:
+            module.fail_json(msg=f"{root} holds no files")
+        if cache_path and not module.check_mode:
+            save_cache(cache_path, cache)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read {root}: {exc}")
+    module.exit_json(changed=False, **manifest)
+
+
+if __name__ == "__main__":
+    main()

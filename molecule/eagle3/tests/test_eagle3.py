@@ -1,0 +1,65 @@
+"""After side_effect: random drafter shipped, then the first release again from a box path; the
+corrupted checkpoint never went live."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+from sim_box_client import chat, counter  # noqa: E402
+
+DRAFTERS = "/srv/drafters"
+
+
+def release(host, link):
+    """The release a link points at, and its recorded metadata."""
+    target = host.file(f"{DRAFTERS}/{link}").linked_to
+    return target, json.loads(host.file(f"{target}/.release.json").content_string)
+
+
+def test_current_is_the_first_release_again_and_previous_the_random_one(host):
+    current, current_meta = release(host, "current")
+    previous, previous_meta = release(host, "previous")
+    # The box-path ship found the release the controller ship had published: same content, same id.
+    assert current_meta["source"].endswith("/build/sim-models/eagle3-accept")
+    assert previous_meta["source"].endswith("/build/sim-models/eagle3-random")
+    assert current == f"{DRAFTERS}/releases/{current_meta['id']}"
+    assert previous == f"{DRAFTERS}/releases/{previous_meta['id']}"
+    assert current_meta["id"] == current_meta["digest"][:12]
+
+
+def test_release_holds_exactly_the_shipped_files(host):
+    current, meta = release(host, "current")
+    for entry in meta["files"]:
+        shipped = host.file(f"{current}/{entry['name']}")
+        assert shipped.size == entry["size"]
+        assert shipped.sha256sum == entry["sha256"]
+
+
+def test_corrupted_checkpoint_stayed_in_staging(host):
+    releases = host.check_output(f"ls {DRAFTERS}/releases").split()
+    staged = [name for name in releases if name.endswith(".partial")]
+    assert len(staged) == 1, releases
+    published = [name for name in releases if not name.endswith(".partial")]
+    assert len(published) == 2, releases
+    assert host.file(f"{DRAFTERS}/releases/{staged[0]}/model.safetensors").size == 100000
+
+
+def test_box_source_was_pulled_into_incoming(host):
+    assert host.file(f"{DRAFTERS}/incoming/model.safetensors").sha256sum == (
+        host.file("/srv/incoming-drafters/eagle3-accept/model.safetensors").sha256sum
+    )
+
+
+def test_server_speculates_with_the_current_release(host):
+    unit = host.file("/etc/systemd/system/vllm.service").content_string
+    assert f'"model": "{DRAFTERS}/current"' in unit
+    assert host.service("vllm").is_running
+    drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = counter(host, "vllm:spec_decode_num_accepted_tokens_total")
+    assert chat(host).strip()
+    # The accepting drafter is live again: every drafted token accepted.
+    new_drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted
+    assert new_drafted > 0
+    assert counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == new_drafted

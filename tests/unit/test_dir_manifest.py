@@ -1,0 +1,86 @@
+"""dir_manifest: content digest of a directory, re-hashing only what changed."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import dir_manifest as dm
+
+
+def make_checkpoint(root):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text('{"hidden_size": 128}')
+    (root / "model.safetensors").write_bytes(os.urandom(4096))
+    (root / "sub").mkdir(exist_ok=True)
+    (root / "sub" / "extra.txt").write_text("x")
+    return root
+
+
+def test_manifest_lists_files_with_real_sha256(tmp_path):
+    root = make_checkpoint(tmp_path / "ckpt")
+    manifest, _ = dm.build_manifest(str(root))
+    assert [f["name"] for f in manifest["files"]] == ["config.json", "model.safetensors", "sub/extra.txt"]
+    weights = next(f for f in manifest["files"] if f["name"] == "model.safetensors")
+    assert weights["sha256"] == hashlib.sha256((root / "model.safetensors").read_bytes()).hexdigest()
+    assert weights["size"] == 4096
+    assert manifest["total_bytes"] == sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    assert sorted(manifest["hashed"]) == ["config.json", "model.safetensors", "sub/extra.txt"]
+
+
+def test_digest_depends_on_content_not_location_or_mtime(tmp_path):
+    first = make_checkpoint(tmp_path / "a")
+    second = tmp_path / "b"
+    shutil.copytree(first, second)
+    os.utime(second / "config.json", (1, 1))
+    digest_a = dm.build_manifest(str(first))[0]["digest"]
+    assert dm.build_manifest(str(second))[0]["digest"] == digest_a
+    (second / "config.json").write_text('{"hidden_size": 256}')
+    assert dm.build_manifest(str(second))[0]["digest"] != digest_a
+
+
+def test_cache_skips_unchanged_files_and_rehashes_changed_ones(tmp_path):
+    root = make_checkpoint(tmp_path / "ckpt")
+    first, cache = dm.build_manifest(str(root))
+    second, cache = dm.build_manifest(str(root), cache)
+    assert second["hashed"] == []
+    assert second["digest"] == first["digest"]
+    (root / "model.safetensors").write_bytes(os.urandom(4096))
+    third, _ = dm.build_manifest(str(root), cache)
+    assert third["hashed"] == ["model.safetensors"]
+    assert third["digest"] != first["digest"]
+
+
+def test_cache_with_a_stale_size_is_not_trusted(tmp_path):
+    root = make_checkpoint(tmp_path / "ckpt")
+    _, cache = dm.build_manifest(str(root))
+    cache["config.json"]["size"] += 1
+    manifest, _ = dm.build_manifest(str(root), cache)
+    assert manifest["hashed"] == ["config.json"]
+
+
+def test_exclude_and_symlinks_left_out(tmp_path):
+    root = make_checkpoint(tmp_path / "ckpt")
+    (root / "link").symlink_to(root / "config.json")
+    manifest, _ = dm.build_manifest(str(root), exclude=["sub/extra.txt"])
+    assert [f["name"] for f in manifest["files"]] == ["config.json", "model.safetensors"]
+
+
+def test_module_writes_its_cache_but_not_in_check_mode(tmp_path, run_module):
+    root = make_checkpoint(tmp_path / "ckpt")
+    cache = tmp_path / "cache" / "manifest.json"
+    result = run_module(dm, {"path": str(root), "cache": str(cache), "_ansible_check_mode": True})
+    assert result["changed"] is False and not cache.exists()
+    result = run_module(dm, {"path": str(root), "cache": str(cache)})
+    assert result["changed"] is False
+    assert set(json.loads(cache.read_text())) == {"config.json", "model.safetensors", "sub/extra.txt"}
+    again = run_module(dm, {"path": str(root), "cache": str(cache)})
+    assert again["hashed"] == [] and again["digest"] == result["digest"]
+
+
+def test_module_fails_clearly_on_a_missing_or_empty_directory(tmp_path, run_module):
+    result = run_module(dm, {"path": str(tmp_path / "nope")})
+    assert result["failed"] and result["msg"] == f"{tmp_path / 'nope'} is not a directory"
+    (tmp_path / "empty").mkdir()
+    result = run_module(dm, {"path": str(tmp_path / "empty")})
+    assert result["failed"] and result["msg"] == f"{tmp_path / 'empty'} holds no files"
