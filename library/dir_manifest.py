@@ -70,6 +70,7 @@ hashed:
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -134,9 +135,11 @@ def load_cache(path):
 
 
 def save_cache(path, cache):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    # A unique temporary name: two plays may describe the same source at once.
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-")
+    with os.fdopen(fd, "w") as handle:
         json.dump(cache, handle, indent=1, sort_keys=True)
     os.replace(tmp, path)
 

@@ -86,6 +86,13 @@ options:
         against the same target served without speculative decoding. C(speedup) is
         C(tokens_per_second) divided by it; without it C(speedup) is null.
     type: float
+  speculation:
+    description:
+      - Whether the server is expected to speculate. V(false) measures a baseline on the same target served
+        without speculative decoding (C(/metrics) is not read; only throughput is returned), so thresholds on
+        acceptance do not apply.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.facts
@@ -574,6 +581,7 @@ ARGUMENT_SPEC = dict(
     min_mean_acceptance_length=dict(type="float"),
     min_speedup=dict(type="float"),
     baseline_tokens_per_second=dict(type="float"),
+    speculation=dict(type="bool", default=True),
 )
 
 
@@ -595,7 +603,7 @@ def main():
         wait_healthy(base_url, params["health_timeout"], api_key=api_key)
         model = params["model"] or first_model(base_url, api_key, timeout)
         before = scrape(base_url, api_key, timeout)
-        before_series = spec_series(before.samples, model, base_url)
+        before_series = spec_series(before.samples, model, base_url) if params["speculation"] else None
         prompts = workload(list(params["prompts"] or DEFAULT_PROMPTS), params["num_prompts"])
         completion_tokens, elapsed, errors = run_requests(
             chat_url,
@@ -633,6 +641,12 @@ def main():
         module.fail_json(
             msg=f"all {len(prompts)} chat requests failed; first error: {first}",
             ansible_facts={"vllm_spec_smoke": facts},
+        )
+
+    if not params["speculation"]:
+        facts["passed"], facts["reason"] = True, f"baseline without speculation: {tokens_per_second} tok/s"
+        module.exit_json(
+            changed=False, passed=True, reason=facts["reason"], ansible_facts={"vllm_spec_smoke": facts}
         )
 
     try:

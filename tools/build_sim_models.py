@@ -7,6 +7,7 @@ Under --out (default <repo>/build/sim-models) it writes:
   eagle3-accept/  EAGLE-3 drafter (flat LlamaForCausalLMEagle3 layout) whose lm_head is all zeros and
                   whose draft id 0 maps to target id 0: it always proposes what the target picks, so
                   acceptance is exactly 100 % at temperature 0.
+  eagle3-accept-v2/ the same with other random weights outside lm_head: another release that also accepts.
   eagle3-random/  same layout with random weights and a vocab mapping that leaves out id 0: it never
                   proposes what the target picks, so acceptance is exactly 0 %.
 
@@ -55,6 +56,8 @@ DRAFT_VOCAB_SIZE = 1024
 AUX_LAYER_IDS = [1, 2, 3]
 
 TARGET, ACCEPT, RANDOM = "tiny-llama", "eagle3-accept", "eagle3-random"
+# A second accepting drafter with other weights (all but lm_head/d2t): a new release that passes the gate.
+ACCEPT_V2 = "eagle3-accept-v2"
 STAMP = ".build-stamp.json"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "build" / "sim-models"  # git-ignored, any cwd
 
@@ -399,6 +402,7 @@ def build(out: Path, force: bool = False) -> None:
     builders = {
         TARGET: lambda model_dir: build_target(model_dir, tokenizer),
         ACCEPT: lambda model_dir: build_drafter(model_dir, tokenizer, accepting=True, seed=2),
+        ACCEPT_V2: lambda model_dir: build_drafter(model_dir, tokenizer, accepting=True, seed=4),
         RANDOM: lambda model_dir: build_drafter(model_dir, tokenizer, accepting=False, seed=3),
     }
     for name, build_model in builders.items():

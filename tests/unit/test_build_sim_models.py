@@ -209,8 +209,8 @@ def test_rerun_skips_and_repairs(tmp_path, capsys):
 
     weights.write_bytes(b"corrupt")
     builder.build(tmp_path)
-    assert capsys.readouterr().out.count("built") == 3
+    assert capsys.readouterr().out.count("built") == 4
     assert tree_hashes(tmp_path) == built
 
     builder.build(tmp_path, force=True)
-    assert capsys.readouterr().out.count("built") == 3
+    assert capsys.readouterr().out.count("built") == 4

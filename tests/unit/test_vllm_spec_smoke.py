@@ -487,20 +487,14 @@ def fixed_clock(monkeypatch):
     monkeypatch.setattr(smoke, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
 
 
-def run_main(capsys, args):
-    with patch_module_args(args), pytest.raises(SystemExit):
-        smoke.main()
-    return json.loads(capsys.readouterr().out)
-
-
 def facts_of(result):
     return result["ansible_facts"]["vllm_spec_smoke"]
 
 
-def test_main_accepting_drafter_end_to_end(serve, capsys, fixed_clock):
+def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
     fake = FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"])
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url + "/"})
+    result = run_module(smoke, {"base_url": url + "/"})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     reason = "passed: acceptance_rate 1.00, mean acceptance length 4.00, 256.0 tok/s"
@@ -544,10 +538,10 @@ def test_main_accepting_drafter_end_to_end(serve, capsys, fixed_clock):
     assert all(auth is None for _method, _path, auth, _body in fake.calls)
 
 
-def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, capsys, fixed_clock):
+def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, run_module, fixed_clock):
     url = serve(FakeVllm(["eagle3-random-before.txt", "eagle3-random-after.txt"]))
-    result = run_main(
-        capsys,
+    result = run_module(
+        smoke,
         {"base_url": url, "min_acceptance_rate": 0.5, "min_mean_acceptance_length": 2.2, "max_tokens": 32},
     )
     reason = (
@@ -564,12 +558,12 @@ def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, capsys,
     assert (facts["passed"], facts["reason"]) == (False, reason)
 
 
-def test_main_two_engines_with_concurrency(serve, capsys):
+def test_main_two_engines_with_concurrency(serve, run_module):
     fake = FakeVllm(["variant-two-engines-before.txt", "variant-two-engines-after.txt"])
     url = serve(fake)
     prompts = ["What is 2 + 2?", "Name a prime number above 50.", "Say hi in Spanish."]
     args = {"base_url": url, "model": "tiny", "prompts": prompts, "num_prompts": 6, "max_tokens": 10}
-    result = run_main(capsys, dict(args, concurrency=4, min_mean_acceptance_length=3.0))
+    result = run_module(smoke, dict(args, concurrency=4, min_mean_acceptance_length=3.0))
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert facts["acceptance_rate"] == 156 / 216
@@ -582,16 +576,16 @@ def test_main_two_engines_with_concurrency(serve, capsys):
     assert ("GET", "/v1/models") not in fake.paths()
 
 
-def test_main_runs_in_check_mode(serve, capsys):
+def test_main_runs_in_check_mode(serve, run_module):
     fake = FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"])
-    result = run_main(capsys, {"base_url": serve(fake), "num_prompts": 2, "_ansible_check_mode": True})
+    result = run_module(smoke, {"base_url": serve(fake), "num_prompts": 2, "_ansible_check_mode": True})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     assert len(fake.chats()) == 2
     assert facts_of(result)["mean_acceptance_length"] == 4.0
 
 
-def test_main_speedup_pass_and_fail(serve, capsys, monkeypatch):
+def test_main_speedup_pass_and_fail(serve, run_module, monkeypatch):
     for baseline, passed, reason_end in [
         (128.0, True, "256.0 tok/s, speedup 2.00x"),
         (512.0, False, None),
@@ -599,8 +593,8 @@ def test_main_speedup_pass_and_fail(serve, capsys, monkeypatch):
         ticks = iter([100.0, 102.0])
         monkeypatch.setattr(smoke, "time", types.SimpleNamespace(monotonic=lambda ticks=ticks: next(ticks)))
         url = serve(FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"]))
-        result = run_main(
-            capsys, {"base_url": url, "baseline_tokens_per_second": baseline, "min_speedup": 1.5}
+        result = run_module(
+            smoke, {"base_url": url, "baseline_tokens_per_second": baseline, "min_speedup": 1.5}
         )
         facts = facts_of(result)
         assert facts["baseline_tokens_per_second"] == baseline
@@ -613,16 +607,16 @@ def test_main_speedup_pass_and_fail(serve, capsys, monkeypatch):
             assert result["msg"] == "speedup 0.50 < min_speedup 1.50"
 
 
-def test_main_min_speedup_needs_a_baseline(capsys):
-    result = run_main(capsys, {"min_speedup": 1.2})
+def test_main_min_speedup_needs_a_baseline(run_module):
+    result = run_module(smoke, {"min_speedup": 1.2})
     assert result["failed"] is True
     assert result["msg"] == "missing parameter(s) required by 'min_speedup': baseline_tokens_per_second"
 
 
-def test_main_api_key_missing(serve, capsys):
+def test_main_api_key_missing(serve, run_module):
     fake = FakeVllm(["eagle3-random-before.txt", "eagle3-random-after.txt"], api_key="smoke-secret")
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["failed"] is True
     assert result["msg"] == (
         f"the server at {url}/v1/models refused the API key (HTTP 401, no API key was sent): "
@@ -631,10 +625,10 @@ def test_main_api_key_missing(serve, capsys):
     assert "ansible_facts" not in result
 
 
-def test_main_api_key_wrong(serve, capsys):
+def test_main_api_key_wrong(serve, run_module):
     fake = FakeVllm(["eagle3-random-before.txt", "eagle3-random-after.txt"], api_key="smoke-secret")
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url, "model": "tiny", "api_key": "not-the-key", "num_prompts": 3})
+    result = run_module(smoke, {"base_url": url, "model": "tiny", "api_key": "not-the-key", "num_prompts": 3})
     message = (
         f'the server at {url}/v1/chat/completions refused the API key (HTTP 401): {{"error":"Unauthorized"}}'
     )
@@ -658,9 +652,9 @@ def test_main_api_key_right_is_sent_and_never_shown(serve, capsys):
     assert {auth for _method, _path, auth, _body in fake.calls} == {"Bearer smoke-secret"}
 
 
-def test_main_unreachable(capsys):
+def test_main_unreachable(run_module):
     port = free_port()
-    result = run_main(capsys, {"base_url": f"http://127.0.0.1:{port}", "health_timeout": 0})
+    result = run_module(smoke, {"base_url": f"http://127.0.0.1:{port}", "health_timeout": 0})
     assert result["failed"] is True
     assert result["msg"] == (
         f"http://127.0.0.1:{port}/health did not answer HTTP 200 within 0 s; "
@@ -668,28 +662,28 @@ def test_main_unreachable(capsys):
     )
 
 
-def test_main_waits_for_health(serve, capsys, monkeypatch):
+def test_main_waits_for_health(serve, run_module, monkeypatch):
     monkeypatch.setattr(vllm_api, "HEALTH_POLL_INTERVAL", 0.01)
     fake = FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"], health_failures=2)
-    result = run_main(capsys, {"base_url": serve(fake), "num_prompts": 1, "health_timeout": 30})
+    result = run_module(smoke, {"base_url": serve(fake), "num_prompts": 1, "health_timeout": 30})
     assert result.get("failed") is not True, result
     assert fake.paths()[:3] == [("GET", "/health")] * 3
 
 
-def test_main_health_never_ready(serve, capsys):
+def test_main_health_never_ready(serve, run_module):
     fake = FakeVllm(["eagle3-accept-before.txt"], health_failures=99)
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url, "health_timeout": 0})
+    result = run_module(smoke, {"base_url": url, "health_timeout": 0})
     assert result["msg"] == (
         f"{url}/health did not answer HTTP 200 within 0 s; "
         f'last: GET {url}/health returned HTTP 503: {{"detail":"engine not ready"}}'
     )
 
 
-def test_main_without_speculative_decoding(serve, capsys):
+def test_main_without_speculative_decoding(serve, run_module):
     fake = FakeVllm(["no-spec.txt"])
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["failed"] is True
     assert (
         result["msg"]
@@ -698,9 +692,9 @@ def test_main_without_speculative_decoding(serve, capsys):
     assert fake.chats() == []
 
 
-def test_main_server_restarted_between_scrapes(serve, capsys):
+def test_main_server_restarted_between_scrapes(serve, run_module):
     url = serve(FakeVllm(["eagle3-accept-after.txt", "variant-restarted-low.txt"]))
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["failed"] is True
     assert result["msg"].startswith(
         "spec-decode counters went backwards between scrapes (server restarted?): "
@@ -710,18 +704,18 @@ def test_main_server_restarted_between_scrapes(serve, capsys):
     assert (facts["requests"], facts["completion_tokens"]) == (8, 512)
 
 
-def test_main_server_recreated_counters(serve, capsys):
+def test_main_server_recreated_counters(serve, run_module):
     url = serve(FakeVllm(["eagle3-accept-before.txt", "variant-restarted-high.txt"]))
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["failed"] is True
     assert result["msg"].startswith(
         "spec-decode counters were re-created between scrapes (server restarted?): "
     )
 
 
-def test_main_no_draft_tokens(serve, capsys):
+def test_main_no_draft_tokens(serve, run_module):
     url = serve(FakeVllm(["eagle3-accept-after.txt", "eagle3-accept-after.txt"]))
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["failed"] is True
     assert result["msg"] == (
         f"no draft tokens in the window: 8 request(s) produced 512 completion tokens but {url} drafted none"
@@ -735,11 +729,11 @@ def test_main_no_draft_tokens(serve, capsys):
     assert facts["per_position_acceptance"] == []
 
 
-def test_main_counts_failed_requests(serve, capsys):
+def test_main_counts_failed_requests(serve, run_module):
     failing = smoke.DEFAULT_PROMPTS[3]
     fake = FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"], fail_prompts=[failing])
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url, "concurrency": 8})
+    result = run_module(smoke, {"base_url": url, "concurrency": 8})
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert (facts["requests"], facts["errors"], facts["completion_tokens"]) == (8, 1, 448)
@@ -747,10 +741,10 @@ def test_main_counts_failed_requests(serve, capsys):
     assert result["reason"].endswith(", 1 of 8 requests failed")
 
 
-def test_main_all_requests_fail(serve, capsys):
+def test_main_all_requests_fail(serve, run_module):
     fake = FakeVllm(["eagle3-accept-before.txt"], fail_prompts=["only prompt"])
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url, "prompts": ["only prompt"], "num_prompts": 3})
+    result = run_module(smoke, {"base_url": url, "prompts": ["only prompt"], "num_prompts": 3})
     assert result["failed"] is True
     assert result["msg"] == (
         f"all 3 chat requests failed; first error: POST {url}/v1/chat/completions returned HTTP 500: "
@@ -759,7 +753,7 @@ def test_main_all_requests_fail(serve, capsys):
     assert facts_of(result)["errors"] == 3
 
 
-def test_main_answer_without_usage_is_an_error(serve, capsys):
+def test_main_answer_without_usage_is_an_error(serve, run_module):
     class NoUsage(FakeVllm):
         def answer(self, method, path, headers, body):
             status, kind, text = super().answer(method, path, headers, body)
@@ -768,20 +762,20 @@ def test_main_answer_without_usage_is_an_error(serve, capsys):
             return status, kind, text
 
     url = serve(NoUsage(["eagle3-accept-before.txt"]))
-    result = run_main(capsys, {"base_url": url, "num_prompts": 2})
+    result = run_module(smoke, {"base_url": url, "num_prompts": 2})
     assert result["msg"] == (
         f"all 2 chat requests failed; first error: POST {url}/v1/chat/completions returned HTTP 200"
         ' without usage.completion_tokens: {"id": "chatcmpl-1", "choices": []}'
     )
 
 
-def test_main_request_timeout_is_an_error(serve, capsys):
+def test_main_request_timeout_is_an_error(serve, run_module):
     fake = FakeVllm(
         ["eagle3-accept-before.txt", "eagle3-accept-after.txt"], slow_prompts=["slow one"], delay=1.5
     )
     url = serve(fake)
-    result = run_main(
-        capsys, {"base_url": url, "prompts": ["fast one", "slow one"], "num_prompts": 2, "timeout": 1}
+    result = run_module(
+        smoke, {"base_url": url, "prompts": ["fast one", "slow one"], "num_prompts": 2, "timeout": 1}
     )
     assert result.get("failed") is not True, result
     facts = facts_of(result)
@@ -789,16 +783,16 @@ def test_main_request_timeout_is_an_error(serve, capsys):
     assert facts["first_error"] == f"cannot reach {url}/v1/chat/completions: timed out after 1 s"
 
 
-def test_main_unparsable_metrics(serve, capsys):
+def test_main_unparsable_metrics(serve, run_module):
     url = serve(FakeVllm(["<html>not metrics</html>\n"]))
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert (
         result["msg"]
         == f"cannot parse {url}/metrics: line 1: expected a metric name: '<html>not metrics</html>'"
     )
 
 
-def test_main_metrics_http_error(serve, capsys):
+def test_main_metrics_http_error(serve, run_module):
     class NoMetrics(FakeVllm):
         def answer(self, method, path, headers, body):
             if path == "/metrics":
@@ -806,15 +800,15 @@ def test_main_metrics_http_error(serve, capsys):
             return super().answer(method, path, headers, body)
 
     url = serve(NoMetrics([""]))
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["msg"] == f'GET {url}/metrics returned HTTP 404: {{"detail":"Not Found"}}'
 
 
-def test_main_model_list_empty(serve, capsys):
+def test_main_model_list_empty(serve, run_module):
     fake = FakeVllm(["eagle3-accept-before.txt"])
     fake.models = {"object": "list", "data": []}
     url = serve(fake)
-    result = run_main(capsys, {"base_url": url})
+    result = run_module(smoke, {"base_url": url})
     assert result["msg"] == f'{url}/v1/models lists no model: {{"object": "list", "data": []}}'
 
 
@@ -835,14 +829,14 @@ def test_main_model_list_empty(serve, capsys):
         ({"prompts": ["ok", " "]}, "prompts must be a non-empty list of non-empty strings"),
     ],
 )
-def test_main_rejects_bad_parameters(capsys, args, message):
-    result = run_main(capsys, args)
+def test_main_rejects_bad_parameters(run_module, args, message):
+    result = run_module(smoke, args)
     assert result["failed"] is True
     assert result["msg"] == message
 
 
-def test_main_rejects_unknown_option(capsys):
-    result = run_main(capsys, {"bogus": 1})
+def test_main_rejects_unknown_option(run_module):
+    result = run_module(smoke, {"bogus": 1})
     assert result["failed"] is True
     assert "bogus" in result["msg"]
 
@@ -868,3 +862,14 @@ def test_documentation_matches_the_argument_spec_and_the_facts():
     }  # fmt: skip
     assert set(returned) == fact_keys
     assert isinstance(yaml.safe_load(smoke.EXAMPLES), list)
+
+
+def test_baseline_mode_measures_throughput_without_spec_counters(serve, run_module, fixed_clock):
+    fake = FakeVllm(["no-spec.txt", "no-spec.txt"])
+    result = run_module(smoke, {"base_url": serve(fake), "speculation": False})
+    assert result.get("failed") is not True, result
+    facts = facts_of(result)
+    assert (facts["requests"], facts["errors"], facts["completion_tokens"]) == (8, 0, 512)
+    assert facts["tokens_per_second"] == 256.0
+    assert result["reason"] == "baseline without speculation: 256.0 tok/s"
+    assert "num_drafts" not in facts

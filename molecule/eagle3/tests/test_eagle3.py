@@ -1,5 +1,5 @@
-"""After side_effect: random drafter shipped, then the first release again from a box path; the
-corrupted checkpoint never went live."""
+"""After side_effect: a second accepting drafter shipped, then the first release again from a box
+path; the corrupted checkpoint never went live."""
 
 import json
 import sys
@@ -18,12 +18,12 @@ def release(host, link):
     return target, json.loads(host.file(f"{target}/.release.json").content_string)
 
 
-def test_current_is_the_first_release_again_and_previous_the_random_one(host):
+def test_current_is_the_first_release_again_and_previous_the_second(host):
     current, current_meta = release(host, "current")
     previous, previous_meta = release(host, "previous")
     # The box-path ship found the release the controller ship had published: same content, same id.
     assert current_meta["source"].endswith("/build/sim-models/eagle3-accept")
-    assert previous_meta["source"].endswith("/build/sim-models/eagle3-random")
+    assert previous_meta["source"].endswith("/build/sim-models/eagle3-accept-v2")
     assert current == f"{DRAFTERS}/releases/{current_meta['id']}"
     assert previous == f"{DRAFTERS}/releases/{previous_meta['id']}"
     assert current_meta["id"] == current_meta["digest"][:12]
