@@ -2,7 +2,8 @@
 
 Creates its own box container (specfleet-bench, loopback port 18001), then measures:
 the first deploy.yml run, a second no-change run, their ratio, and vLLM's own time from
-process start to "Application startup complete" inside the first run. Removes the box after.
+process start to "Application startup complete" inside the first run; then a new drafter shipped
+with --tags eagle3, against the engine's own restart time inside it. Removes the box after.
 
     .venv/bin/python bench/deploy_timing.py
 """
@@ -61,6 +62,14 @@ def main():
         print(f"second run, nothing to change   : {second:7.1f} s   ({second_recap})")
         print(f"ratio first / second            : {first / second:7.1f} x")
         print(f"vLLM start to ready (in run 1)  : {vllm_time_to_ready():7.1f} s")
+        drafter = ROOT / "build/sim-models/eagle3-accept-v2"
+        ship, ship_recap = playbook(
+            "deploy.yml", "--tags", "eagle3", "-e", f"eagle3_drafter_source={drafter}"
+        )
+        restart = vllm_time_to_ready()
+        print(f"--tags eagle3, new drafter      : {ship:7.1f} s   ({ship_recap})")
+        print(f"  engine restart to ready       : {restart:7.1f} s")
+        print(f"  overhead of the play          : {ship - restart:7.1f} s (preflight, release, gate)")
     finally:
         subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
 
