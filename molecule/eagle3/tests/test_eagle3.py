@@ -1,5 +1,5 @@
-"""After side_effect: a second accepting drafter shipped, then the first release again from a box
-path; the corrupted checkpoint never went live."""
+"""After side_effect: a second accepting drafter shipped from the controller, the first again from a
+path on the box, the second again over HTTP; the corrupted checkpoint never went live."""
 
 import json
 import sys
@@ -18,12 +18,13 @@ def release(host, link):
     return target, json.loads(host.file(f"{target}/.release.json").content_string)
 
 
-def test_current_is_the_first_release_again_and_previous_the_second(host):
+def test_current_is_the_second_release_and_previous_the_first(host):
     current, current_meta = release(host, "current")
     previous, previous_meta = release(host, "previous")
-    # The box-path ship found the release the controller ship had published: same content, same id.
-    assert current_meta["source"].endswith("/build/sim-models/eagle3-accept")
-    assert previous_meta["source"].endswith("/build/sim-models/eagle3-accept-v2")
+    # The box-path and HTTP ships found the releases the controller ships had published: same
+    # content, same id, so the release records keep their first source.
+    assert current_meta["source"].endswith("/build/sim-models/eagle3-accept-v2")
+    assert previous_meta["source"].endswith("/build/sim-models/eagle3-accept")
     assert current == f"{DRAFTERS}/releases/{current_meta['id']}"
     assert previous == f"{DRAFTERS}/releases/{previous_meta['id']}"
     assert current_meta["id"] == current_meta["digest"][:12]
@@ -46,9 +47,9 @@ def test_corrupted_checkpoint_stayed_in_staging(host):
     assert host.file(f"{DRAFTERS}/releases/{staged[0]}/model.safetensors").size == 100000
 
 
-def test_box_source_was_pulled_into_incoming(host):
+def test_last_box_side_source_is_in_incoming(host):
     assert host.file(f"{DRAFTERS}/incoming/model.safetensors").sha256sum == (
-        host.file("/srv/incoming-drafters/eagle3-accept/model.safetensors").sha256sum
+        host.file("/srv/http-drafters/eagle3-accept-v2/model.safetensors").sha256sum
     )
 
 
@@ -59,7 +60,7 @@ def test_server_speculates_with_the_current_release(host):
     drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total")
     accepted = counter(host, "vllm:spec_decode_num_accepted_tokens_total")
     assert chat(host).strip()
-    # The accepting drafter is live again: every drafted token accepted.
+    # An accepting drafter is live: every drafted token accepted.
     new_drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted
     assert new_drafted > 0
     assert counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == new_drafted
