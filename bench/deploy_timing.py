@@ -42,7 +42,9 @@ def vllm_time_to_ready():
     """Seconds from the server process start to uvicorn's startup message, from the journal."""
     entries = [json.loads(line) for line in box("journalctl", "-u", "vllm", "-o", "json").splitlines()]
     starts = [
-        int(e["__MONOTONIC_TIMESTAMP"]) for e in entries if e.get("MESSAGE", "") == "Started vllm.service."
+        int(e["__MONOTONIC_TIMESTAMP"])
+        for e in entries
+        if str(e.get("MESSAGE", "")).startswith("Started vllm.service")
     ]
     ready = [
         int(e["__MONOTONIC_TIMESTAMP"])
