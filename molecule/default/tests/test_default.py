@@ -1,5 +1,6 @@
 """The converged simulated box: unit, NCCL environment, service, and a real EAGLE-3 server."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,14 +18,29 @@ def unit_environment(host):
     return dict(item.split("=", 1) for item in line.split())
 
 
-def test_unit_nccl_environment_matches_the_topology(host):
-    expected = gpu_topology.recommend_nccl_env(
+def test_unit_nccl_environment_is_the_measured_winner(host):
+    # The side effect measured with --tags nccl_tune (gloo on CPU processes, no GPU here).
+    kept = json.loads(host.file("/var/lib/specfleet/nccl_tune.json").content_string)
+    rule = gpu_topology.recommend_nccl_env(
         gpu_topology.parse_topo_matrix((FIXTURE / "topo-m.txt").read_text())
     )
-    assert expected, "an 8-GPU PCIe box must get a tuned NCCL environment"
+    assert rule, "an 8-GPU PCIe box must get a tuned NCCL environment from the topology"
+    candidates = {candidate["name"]: candidate for candidate in kept["choice"]["candidates"]}
+    assert candidates["defaults"]["env"] == {}
+    assert candidates["topology-rule-pcie"]["env"] == rule
+    assert kept["identity"]["backend"] == "gloo"
+    assert kept["identity"]["world_size"] == 8
+    assert kept["identity"]["driver"] == "575.57.08"
+    assert kept["identity"]["gpus"] == ["NVIDIA GeForce RTX 4090"]
+    # tiny-llama's hidden size is 128: decode batches 1..64 and prefill chunks of 512..8192 tokens.
+    assert kept["identity"]["sizes"] == [256, 2048, 8192, 16384, 131072, 524288, 2097152]
     env = unit_environment(host)
     nccl = {k: v for k, v in env.items() if k.startswith(("NCCL_", "CUDA_DEVICE_MAX"))}
-    assert nccl == expected
+    assert nccl == kept["choice"]["env"]
+
+
+def test_no_measurement_process_is_left_behind(host):
+    assert "nccl_allreduce_bench" not in host.check_output("ps -eo args")
 
 
 def test_unit_is_valid_and_keeps_the_api_key_out(host):
