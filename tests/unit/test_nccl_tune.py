@@ -4,8 +4,10 @@ The timings are real: tests/fixtures/nccl_tune/h200x2-*.json were measured with
 roles/nccl_tune/files/nccl_allreduce_bench.py on a lent 2x H200 machine (NVLink NV18, driver
 580.159.04, torch 2.11.0+cu130, NCCL 2.28.9), with the candidates of bench/nccl_candidates.json;
 `-p2p-disabled` ran with NCCL_P2P_DISABLE=1 in the base environment (GPU traffic through host
-memory, as on a box without peer access). Where the module runs, the GPUs are simulated at the
-edge: the sim box's nvidia-smi over the real H200 capture, and a script replaying the recording.
+memory, as on a box without peer access). `h200x2-kept.json` is the file the module itself kept on
+that machine, run there next to gpu_topology against the real nvidia-smi. Where the module runs
+here, the GPUs are simulated at the edge: the sim box's nvidia-smi over the real H200 capture, and
+a script replaying the recording.
 """
 
 import json
@@ -195,6 +197,23 @@ def test_changed_fields_name_what_changed():
     now = {"driver": "580.159.04", "nccl": "2.27.3", "topology": "b", "gpus": ["x"]}
     assert nccl_tune.changed_fields(kept, now) == ["driver 575.57.08 -> 580.159.04", "topology changed"]
     assert nccl_tune.changed_fields(now, now) == []
+
+
+def test_the_file_kept_on_a_real_box_reads_back_without_python():
+    kept = recorded("h200x2-kept")
+    assert kept["identity"]["nccl"] == "2.28.9" and kept["identity"]["driver"] == H200_DRIVER
+    facts = nccl_tune.kept_facts(kept, H200_DRIVER, topology("h200-2gpu-nvlink"))
+    assert facts["source"] == "kept"
+    # Its last call re-scored the kept timings for decode only (no new measurement): LL won there.
+    assert kept["scoring"]["profile"][-1]["weight"] == 0.0
+    assert facts["chosen"] == "ll" and facts["env"] == {"NCCL_PROTO": "LL"}
+    assert facts["reason"] == "ll: 0.86x the defaults' time on the profile (decode 0.86, prefill n/a)"
+    mixed = nccl_tune.score(kept["report"], kimi_profile(), 0.05)
+    assert mixed["chosen"] == "defaults"
+    # The capture in tests/fixtures/nvidia-smi is of the same machine: same GPUs, bus ids and links.
+    assert facts["stale"] == []
+    moved = nccl_tune.kept_facts(kept, H200_DRIVER, topology("h100-8gpu-nvlink-nics"))
+    assert moved["stale"] == ["gpus ['NVIDIA H200'] -> ['NVIDIA H100 80GB HBM3']", "topology changed"]
 
 
 # --- the module on a simulated box ---------------------------------------------------------------
