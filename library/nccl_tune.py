@@ -373,6 +373,10 @@ def summary_lines(choice):
     return lines
 
 
+def gpu_names(topology):
+    return sorted({gpu.get("name") for gpu in topology.get("gpus", [])})
+
+
 def topology_digest(topology):
     """What of the topology changes NCCL's paths: GPU names and bus ids, the link matrix, the NICs."""
     shape = {
@@ -484,7 +488,7 @@ def identity(params, topology, versions, driver, world_size, candidates, profile
     return {
         "backend": params["backend"],
         "world_size": world_size,
-        "gpus": sorted({gpu.get("name") for gpu in topology.get("gpus", [])}),
+        "gpus": gpu_names(topology),
         "driver": driver,
         "torch": versions.get("torch"),
         "nccl": versions.get("nccl"),
@@ -582,7 +586,7 @@ def kept_facts(kept, driver, topology):
     now = {
         "driver": driver,
         "topology": topology_digest(topology),
-        "gpus": sorted({g.get("name") for g in topology.get("gpus", [])}),
+        "gpus": gpu_names(topology),
     }
     stale = changed_fields({field: was.get(field) for field in now}, now)
     return dict(kept["choice"], source="kept", measured_at=kept["measured_at"], identity=was, stale=stale)
