@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv)
+# dpkg-dev, gpg, gpg-agent: the nvidia_cuda scenario builds and signs a stand-in NVIDIA apt repository.
+apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
