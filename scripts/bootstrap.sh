@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# dpkg-dev, gpg, gpg-agent: the nvidia_cuda scenario builds and signs a stand-in NVIDIA apt repository.
-apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent)
+# dpkg-dev, gpg, gpg-agent: the nvidia_cuda scenario builds and signs a stand-in NVIDIA apt repository;
+# patch: the test that GNU patch applies the vLLM EAGLE-3 diffs as they are published.
+apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent patch)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
