@@ -57,7 +57,7 @@ def vllm_time_to_ready():
 def main():
     subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
     try:
-        playbook("playbooks/sim_box.yml")
+        playbook("sim/start.yml")
         first, first_recap = playbook("deploy.yml")
         second, second_recap = playbook("deploy.yml")
         print(f"first deploy.yml on a fresh box : {first:7.1f} s   ({first_recap})")

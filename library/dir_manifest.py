@@ -8,9 +8,9 @@ DOCUMENTATION = r"""
 module: dir_manifest
 short_description: List a directory's files with size, mtime and sha256, and a digest of the whole
 description:
-  - Walks I(path) and returns every regular file with its size, modification time and sha256, plus
+  - "Walks I(path) and returns every regular file with its size, modification time and sha256, plus
     C(digest), the sha256 of the sorted (name, size, sha256) list. The digest names a release: the
-    same content gives the same digest wherever it lies.
+    same content gives the same digest wherever it lies."
   - With I(cache), sha256 values are reused for files whose size and mtime are unchanged, so a
     multi-GB checkpoint that did not change is not read again (only stat'ed).
   - Changes nothing but its own cache file (not written in check mode); C(changed) is always false.
@@ -27,11 +27,15 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 author:
   - specfleet maintainers
 """

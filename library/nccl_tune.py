@@ -8,9 +8,9 @@ DOCUMENTATION = r"""
 module: nccl_tune
 short_description: Measure NCCL all-reduce per candidate environment and pick the one this box runs fastest
 description:
-  - Runs I(script) (C(nccl_allreduce_bench.py), shipped by roles/nccl_tune) with the box's own Python and
+  - "Runs I(script) (C(nccl_allreduce_bench.py), shipped by roles/nccl_tune) with the box's own Python and
     torch: one process per GPU, bf16 all-reduce, warm-up then timed rounds, for every candidate environment
-    at every message size of the model's profile.
+    at every message size of the model's profile."
   - Candidates are NCCL's defaults (no variables), the topology rule's recommendation (C(nccl_env) of the
     gpu_topology facts, when it differs from the defaults) and I(candidates).
   - The profile comes from the model. A decode step all-reduces I(hidden_size) x batch x 2 bytes for each
@@ -22,9 +22,9 @@ description:
   - The raw timings are kept in I(cache_path) with the date, GPU names, driver, torch and NCCL versions,
     topology, candidates and sizes. They are reused (and only re-scored, so new weights need no new
     measurement) until one of those changes or I(remeasure) is set.
-  - Refuses to measure while a process uses a GPU or a unit in I(busy_units) is active: the measurement
+  - "Refuses to measure while a process uses a GPU or a unit in I(busy_units) is active: the measurement
     would disturb the service and be disturbed by it. The script runs in its own session and is killed,
-    with all its workers, when it exceeds I(timeout).
+    with all its workers, when it exceeds I(timeout)."
   - With I(measure=false) it only reads the kept result (and warns when the box changed since), without
     starting Python or touching the GPUs.
 options:
@@ -116,12 +116,19 @@ options:
     description: Seconds the whole measurement may take before it and its workers are killed.
     type: int
     default: 900
+extends_documentation_fragment:
+  - action_common_attributes
+  - action_common_attributes.facts
 attributes:
   check_mode:
     support: full
     details: Probes versions and reports whether a measurement would run (C(changed)) without running it.
   diff_mode:
     support: none
+  facts:
+    support: full
+  platform:
+    platforms: posix
 notes:
   - The measurement takes the GPUs for a minute or two; stop the inference service first (roles/nccl_tune
     does when C(nccl_tune_stop_service) is true).

@@ -47,11 +47,15 @@ options:
     type: list
     elements: str
     required: true
+extends_documentation_fragment:
+  - action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: full
+  platform:
+    platforms: posix
 notes:
   - The box's Python is enough (stdlib only). Patched files are byte-compiled with the Python that runs the
     module; a stale C(.pyc) of another interpreter is ignored by Python anyway (source mtime and size).

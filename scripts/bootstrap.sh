@@ -51,7 +51,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum 
 fi
 
 step "sim box image"
-scripts/build-sim-image.sh
+sim/build-image.sh
 
 step "sim models"
-.venv/bin/python tools/build_sim_models.py --out build/sim-models
+.venv/bin/python sim/build_models.py --out build/sim-models

@@ -12,10 +12,21 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # library/ holds the modules; tests import them by name (e.g. `import gpu_topology`).
 sys.path.insert(0, str(REPO / "library"))
+# tests/ holds the scenario driver and the box client (`from driver import ...`).
+sys.path.insert(0, str(REPO / "tests"))
 
 # module_utils/ holds what several modules share; Ansible resolves `ansible.module_utils.<name>` from there.
 if str(REPO / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """With `--dist loadgroup`, the unit tests share one worker (they are quick, and the scenario
+    workers wait on servers); each scenario is a group of its own (tests/scenarios)."""
+    for item in items:
+        if "tests/unit/" in item.nodeid and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("unit"))
 
 
 @pytest.fixture
@@ -28,3 +39,19 @@ def run_module(capsys):
         return json.loads(capsys.readouterr().out)
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Minutes per molecule step of each scenario (recorded by tests/scenarios/test_molecule.py)."""
+    rows = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            minutes = dict(getattr(report, "user_properties", ())).get("scenario_minutes")
+            if minutes and getattr(report, "when", "") == "call":
+                name = report.nodeid.split("@")[0].rsplit("[", 1)[-1].rstrip("]")
+                steps = ", ".join(f"{step} {value:.1f}" for step, value in minutes.items())
+                rows.append(f"{name:<18} {sum(minutes.values()):5.1f} min  ({steps})")
+    if rows:
+        terminalreporter.write_sep("-", "scenario minutes")
+        for row in sorted(rows):
+            terminalreporter.write_line(row)

@@ -1,27 +1,26 @@
 """Each molecule scenario, end to end, as one test: a real container, a real vLLM.
 
-SPECFLEET_SCENARIOS (comma-separated) narrows the run; molecule's own output streams live.
+tests/driver.py runs molecule's steps and, at the side_effect step, the scenario's Python side
+effect. SPECFLEET_SCENARIOS (comma-separated) narrows the run. Each step's minutes are printed in
+the summary at the end of the run.
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from driver import ROOT, Scenario
 
-ROOT = Path(__file__).resolve().parents[2]
 ALL_SCENARIOS = sorted(path.parent.name for path in ROOT.glob("molecule/*/molecule.yml"))
 SELECTED = [s for s in os.environ.get("SPECFLEET_SCENARIOS", "").split(",") if s] or ALL_SCENARIOS
 
 
-@pytest.mark.parametrize("scenario", SELECTED)
-def test_molecule_scenario(scenario, capsys):
-    assert scenario in ALL_SCENARIOS, f"no molecule scenario named {scenario}"
-    molecule = Path(sys.executable).with_name("molecule")
-    with capsys.disabled():
-        print(f"\n--- molecule test -s {scenario}", flush=True)
-        result = subprocess.run([str(molecule), "test", "-s", scenario], cwd=ROOT, check=False)
-    assert result.returncode == 0, (
-        f"molecule test -s {scenario} failed (exit {result.returncode}); see its output above"
-    )
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in SELECTED]
+)
+def test_molecule_scenario(name, tmp_path, record_property):
+    assert name in ALL_SCENARIOS, f"no molecule scenario named {name}"
+    scenario = Scenario(name, tmp_path)
+    try:
+        scenario.test()
+    finally:
+        record_property("scenario_minutes", scenario.minutes)

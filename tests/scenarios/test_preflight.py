@@ -4,30 +4,18 @@ Runs deploy.yml against a real, prepared simulated box (a podman container with 
 checks, for each kind of bad input, the one-line reason and that the box was left untouched.
 """
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from driver import Box, podman, run_playbook
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 BOX = "specfleet-preflight"
+HOST = "sim-gpu-box"  # the embedded default's box, here in a container of its own
 IMAGE = "localhost/specfleet-simbox:bookworm"
+# The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
+pytestmark = pytest.mark.xdist_group("preflight")
 
 
-def podman(*args, check=True):
-    return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
-
-
-def playbook(name, *args):
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), name, "-e", f"ansible_host={BOX}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def deploy(*args):
+    return run_playbook("deploy.yml", "-e", f"ansible_host={BOX}", *args)
 
 
 @pytest.fixture(scope="module")
@@ -35,23 +23,24 @@ def box():
     podman("rm", "-f", BOX, check=False)
     podman("run", "-d", "--name", BOX, "--systemd=always", IMAGE, "/sbin/init")
     try:
-        prepared = playbook("playbooks/sim_box_prepare.yml")
-        assert prepared.returncode == 0, prepared.stdout[-3000:]
-        yield BOX
+        prepared = run_playbook("sim/prepare.yml", "-e", f"ansible_host={BOX}")
+        assert prepared.ok, str(prepared)
+        yield Box(BOX)
     finally:
         podman("rm", "-f", BOX, check=False)
 
 
-def assert_stopped_untouched(result, reason):
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
-    assert reason in output, output[-3000:]
-    recap = [line for line in output.splitlines() if line.startswith("sim-gpu-box ")][-1]
-    assert "changed=0" in recap, recap
+def assert_stopped_untouched(run, box, reason):
+    assert not run.ok, str(run)
+    failures = run.failures(HOST)
+    assert any(reason in message for message in failures), failures
+    # Only the checks ran: every failure is in preflight or the topology read before it.
+    assert all(r.role in (None, "preflight") for r in run.select(host=HOST, status="failed")), str(run)
+    assert run.changed(HOST) == 0, str(run)
     # Nothing of the deployment exists: no service user, no venv, no unit.
-    assert podman("exec", BOX, "id", "vllm", check=False).returncode != 0
+    assert box.sh("id vllm", check=False).returncode != 0
     for path in ("/opt/vllm", "/etc/systemd/system/vllm.service"):
-        assert podman("exec", BOX, "test", "-e", path, check=False).returncode != 0, f"{path} was created"
+        assert not box.exists(path), f"{path} was created"
 
 
 @pytest.mark.parametrize(
@@ -76,25 +65,13 @@ def assert_stopped_untouched(result, reason):
     ids=["no-nvidia-smi", "gpu-count", "disk", "model-path", "tp-size", "wrong-type"],
 )
 def test_bad_input_stops_in_preflight(box, extra_vars, reason):
-    assert_stopped_untouched(playbook("deploy.yml", *extra_vars), reason)
+    assert_stopped_untouched(deploy(*extra_vars), box, reason)
 
 
 def test_taken_port_stops_in_preflight(box):
-    podman(
-        "exec",
-        "-d",
-        box,
-        "python3",
-        "-m",
-        "http.server",
-        "8000",
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-        "/tmp",
-    )
+    podman("exec", "-d", box.container, "python3", "-m", "http.server", "8000", "--bind", "127.0.0.1")
     try:
-        result = playbook("deploy.yml")
+        result = deploy()
     finally:
-        podman("exec", box, "pkill", "-f", "http.server", check=False)
-    assert_stopped_untouched(result, "port 8000 is already taken on sim-gpu-box: held by python3")
+        box.sh("pkill -f http.server", check=False)
+    assert_stopped_untouched(result, box, "port 8000 is already taken on sim-gpu-box: held by python3")

@@ -1,4 +1,4 @@
-"""Tests for tools/build_sim_models.py: the files it writes must be what vLLM expects to load."""
+"""Tests for sim/build_models.py: the files it writes must be what vLLM expects to load."""
 
 import hashlib
 import importlib.util
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "build_sim_models.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "sim" / "build_models.py"
 DTYPES = {"BF16": ("<u2", 2), "I64": ("<i8", 8), "BOOL": ("?", 1)}
 
 

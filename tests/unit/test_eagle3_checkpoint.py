@@ -2,7 +2,7 @@
 
 Config-level checks run on real published drafter configs, used as they are (tests/fixtures/drafters,
 sources in SOURCES.md). Tensor-level checks run on tiny drafters built from a shrunken copy of each real
-config, and on the repo's own simulated drafters (tools/build_sim_models.py).
+config, and on the repo's own simulated drafters (sim/build_models.py).
 """
 
 import copy
@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTERS = REPO / "tests" / "fixtures" / "drafters"
-BUILDER = REPO / "tools" / "build_sim_models.py"
+BUILDER = REPO / "sim" / "build_models.py"
 REAL = sorted(path.name for path in DRAFTERS.iterdir() if (path / "config.json").is_file())
 
 FACT_KEYS = {
@@ -181,7 +181,7 @@ def facts_for(path, **kwargs):
 
 @pytest.fixture(scope="module")
 def sim_models(tmp_path_factory):
-    """The repo's simulated models, built the way the README says: tools/build_sim_models.py --out DIR."""
+    """The repo's simulated models, built the way the README says: sim/build_models.py --out DIR."""
     out = tmp_path_factory.mktemp("sim-models")
     subprocess.run([sys.executable, str(BUILDER), "--out", str(out)], check=True, capture_output=True)
     return out

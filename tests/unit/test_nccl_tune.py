@@ -226,7 +226,7 @@ def box(tmp_path, monkeypatch):
     shutil.copytree(FIXTURES / "nvidia-smi" / "h200-2gpu-nvlink", smi_data)
     (smi_data / "driver-version").write_text(H200_DRIVER + "\n")
     nvidia_smi = tmp_path / "nvidia-smi-bin"
-    shutil.copy(REPO / "roles" / "sim_box" / "files" / "nvidia-smi", nvidia_smi)
+    shutil.copy(REPO / "sim" / "roles" / "sim_box" / "files" / "nvidia-smi", nvidia_smi)
     nvidia_smi.chmod(0o755)
     log = tmp_path / "calls.log"
     log.touch()

@@ -164,7 +164,7 @@ def test_the_repos_sim_models_validate(sim_models, name):
 def sim_models(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim-models")
     subprocess.run(
-        [sys.executable, str(REPO / "tools" / "build_sim_models.py"), "--out", str(out)],
+        [sys.executable, str(REPO / "sim" / "build_models.py"), "--out", str(out)],
         check=True,
         capture_output=True,
     )

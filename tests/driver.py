@@ -1,0 +1,339 @@
+"""The one scenario driver: runs playbooks with ansible-runner and reads their events.
+
+Every scenario and the preflight tests use it. Tests select results by what a task *is* — the
+host, the role, the file the task lives in, the module it runs — and assert on what it returned
+(changed, msg, facts), never on the text of task names, which stay free to change.
+
+A molecule scenario is run step by step (`Scenario.test`) in the order of its `test_sequence`:
+molecule creates, prepares, verifies and destroys the box; syntax, converge, idempotence and
+check run here, read as events; and at the `side_effect` step the scenario's Python side effect
+(`molecule/<name>/side_effect.py`, a function `side_effect(scenario)`, plus optional
+`after_<step>(scenario)` checks, e.g. `after_prepare` on the fresh box), which drives playbooks
+through this driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STATUSES = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_skipped": "skipped",
+    "runner_on_unreachable": "unreachable",
+}
+
+
+@dataclass(frozen=True, eq=False)  # one result is one event: identity, not equal fields
+class TaskResult:
+    """One task's result on one host, as ansible-runner reported it."""
+
+    host: str
+    status: str  # ok, failed, skipped, unreachable
+    role: str | None
+    action: str  # the module, fully qualified
+    file: str  # the task's file, relative to the repo root where it lies inside it
+    handler: bool
+    ignored: bool
+    result: dict = field(repr=False)
+    name: str = field(default="", compare=False)  # for messages only: never select on it
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.result.get("changed"))
+
+    @property
+    def msg(self) -> str:
+        msg = self.result.get("msg", "")
+        return msg if isinstance(msg, str) else json.dumps(msg)
+
+    @property
+    def facts(self) -> dict:
+        return self.result.get("ansible_facts", {})
+
+
+def _relative(task_path: str) -> str:
+    path = Path(task_path.rsplit(":", 1)[0])
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+class Run:
+    """What one ansible-playbook run did: exit code, per-host recap, every task result."""
+
+    def __init__(self, argv: list[str], runner) -> None:
+        self.argv = argv
+        self.rc = runner.rc
+        self.status = runner.status
+        self.stats = runner.stats or {}
+        self.stdout = runner.stdout.read() if runner.stdout else ""
+        self.results: list[TaskResult] = []
+        for event in runner.events:
+            status = STATUSES.get(event["event"])
+            data = event.get("event_data", {})
+            if status is None or not data.get("task_path"):
+                continue
+            file = _relative(data["task_path"])
+            self.results.append(
+                TaskResult(
+                    host=data.get("host", ""),
+                    status=status,
+                    role=data.get("role") or None,
+                    action=data.get("resolved_action") or data.get("task_action", ""),
+                    file=file,
+                    handler="/handlers/" in f"/{file}",
+                    ignored=bool(data.get("ignore_errors")),
+                    result=data.get("res") or {},
+                    name=data.get("task", ""),
+                )
+            )
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def recap(self, host: str) -> dict:
+        """ok / changed / failures / unreachable / skipped / rescued / ignored counts for a host."""
+        return {key: counts.get(host, 0) for key, counts in self.stats.items() if isinstance(counts, dict)}
+
+    def changed(self, host: str | None = None) -> int:
+        counts = self.stats.get("changed", {})
+        return counts.get(host, 0) if host else sum(counts.values())
+
+    def hosts(self) -> set[str]:
+        """Hosts the play reached (any task result, skipped included)."""
+        return {result.host for result in self.results}
+
+    def select(self, *, host=None, role=None, file=None, action=None, status=None, handler=None):
+        """Results matching every given field; file matches by its end ('eagle3_drafter/tasks/switch.yml')."""
+        wanted = {status} if isinstance(status, str) else status
+        return [
+            r
+            for r in self.results
+            if (host is None or r.host == host)
+            and (role is None or r.role == role)
+            and (file is None or r.file.endswith(file))
+            and (action is None or r.action == action or r.action.endswith("." + action))
+            and (wanted is None or r.status in wanted)
+            and (handler is None or r.handler == handler)
+        ]
+
+    def ran(self, **match) -> list[TaskResult]:
+        """Results of tasks that ran (not skipped)."""
+        return [r for r in self.select(**match) if r.status != "skipped"]
+
+    def changed_results(self, **match) -> list[TaskResult]:
+        return [r for r in self.ran(**match) if r.changed]
+
+    def one(self, **match) -> TaskResult:
+        """The single result that ran and matches; fails the test otherwise."""
+        found = self.ran(**match)
+        assert len(found) == 1, f"expected one result for {match}, got {len(found)}\n{self}"
+        return found[0]
+
+    def failures(self, host: str | None = None) -> list[str]:
+        """The messages of failed (not ignored) and unreachable results; of a loop, its failed items'."""
+        messages = []
+        for r in self.results:
+            if r.status in ("failed", "unreachable") and not r.ignored and (host is None or r.host == host):
+                items = [item for item in r.result.get("results", []) if item.get("failed")]
+                messages += [str(item.get("msg", "")) for item in items] or [r.msg]
+        return messages
+
+    def __str__(self) -> str:
+        tail = "\n".join(self.stdout.splitlines()[-60:])
+        return (
+            f"$ {shlex.join(self.argv)}\nrc={self.rc} recap={json.dumps(self.stats.get('changed', {}))} "
+            f"failures={self.failures()}\n--- last lines of the output ---\n{tail}"
+        )
+
+
+def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None, timeout=None) -> Run:
+    """ansible-playbook PLAYBOOK ARGS... from the repo root, through ansible-runner.
+
+    args are ansible-playbook's own (`--tags`, `--check`, `-e key=value` as a user types them);
+    extra_vars (a dict) go as one JSON `-e`, typed.
+    """
+    cmdline = list(args)
+    for path in [inventory] if isinstance(inventory, (str, Path)) else inventory or []:
+        cmdline += ["-i", str(path)]
+    if extra_vars:
+        cmdline += ["-e", json.dumps(extra_vars)]
+    argv = [str(BIN / "ansible-playbook"), str(playbook), *cmdline]
+    with tempfile.TemporaryDirectory(prefix="specfleet-run-") as private:
+        runner = ansible_runner.run(
+            private_data_dir=private,
+            project_dir=str(ROOT),
+            playbook=str(ROOT / playbook),
+            cmdline=shlex.join(cmdline),
+            # The venv's ansible-playbook, whatever PATH the tests were started with.
+            envvars={
+                "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_FORCE_COLOR": "0",
+                **(env or {}),
+            },
+            timeout=timeout,
+            quiet=True,
+        )
+        return Run(argv, runner)
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
+
+
+class Box:
+    """A simulated GPU box container, seen from the controller."""
+
+    def __init__(self, container: str) -> None:
+        self.container = container
+
+    def sh(self, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = podman("exec", self.container, "sh", "-c", command, check=False)
+        assert not check or result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
+        return result
+
+    def out(self, command: str) -> str:
+        return self.sh(command).stdout
+
+    def exists(self, path: str) -> bool:
+        return self.sh(f"test -e {shlex.quote(path)}", check=False).returncode == 0
+
+    def write(self, path: str, content: str) -> None:
+        subprocess.run(
+            ["podman", "exec", "-i", self.container, "sh", "-c", f"cat > {shlex.quote(path)}"],
+            input=content,
+            text=True,
+            check=True,
+        )
+
+
+class Scenario:
+    """A molecule scenario run step by step, with its side effect in Python.
+
+    molecule creates, prepares, verifies (testinfra) and destroys the box; the playbook steps
+    (syntax, converge, idempotence, check) run here through ansible-runner, with the same playbook
+    and inventory molecule would use, so that their checks read structured results too.
+    """
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.directory = ROOT / "molecule" / name
+        self.workdir = workdir
+        base = yaml.safe_load((ROOT / ".config/molecule/config.yml").read_text())
+        config = yaml.safe_load((self.directory / "molecule.yml").read_text())
+        self.sequence = config["scenario"]["test_sequence"]
+        playbooks = {
+            **base["provisioner"]["playbooks"],
+            **config.get("provisioner", {}).get("playbooks", {}),
+        }
+        converge = playbooks["converge"].replace("${MOLECULE_PROJECT_DIRECTORY}", str(ROOT))
+        self.converge_playbook = self.directory / converge  # an absolute path stays itself
+        self.box = Box(f"specfleet-{name}")
+        self.env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            "MOLECULE_EPHEMERAL_DIRECTORY": str(workdir / "molecule"),
+        }
+        self.minutes: dict[str, float] = {}
+
+    @property
+    def inventory(self) -> Path:
+        return self.workdir / "molecule" / "inventory"
+
+    @property
+    def host(self) -> str:
+        """The box's inventory name in molecule's inventory."""
+        return self.box.container
+
+    def molecule(self, step: str) -> None:
+        log = self.workdir / f"molecule-{step}.log"
+        with log.open("w") as out:
+            result = subprocess.run(
+                [str(BIN / "molecule"), step, "--scenario-name", self.name],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        tail = "\n".join(log.read_text().splitlines()[-80:])
+        assert result.returncode == 0, f"molecule {step} -s {self.name} failed ({result.returncode}):\n{tail}"
+
+    def play(self, playbook="deploy.yml", *args, **kwargs) -> Run:
+        """A playbook against this scenario's box(es), with molecule's inventory (and any other given)."""
+        extra = kwargs.pop("inventory", None)
+        inventories = [self.inventory, *([extra] if extra else [])]
+        return run_playbook(playbook, *args, inventory=inventories, **kwargs)
+
+    def syntax(self) -> None:
+        run = run_playbook(self.converge_playbook, "--syntax-check", inventory=ROOT / "inventory/local")
+        assert run.ok, str(run)
+
+    def converge(self) -> None:
+        run = self.play(self.converge_playbook)
+        assert run.ok, str(run)
+
+    def idempotence(self) -> None:
+        run = self.play(self.converge_playbook)
+        changed = [(r.host, r.role, r.file, r.action) for r in run.changed_results()]
+        assert run.ok and run.changed() == 0, f"not idempotent, changed: {changed}\n{run}"
+
+    def check(self) -> None:
+        run = self.play(self.converge_playbook, "--check")
+        assert run.ok, str(run)
+
+    def _python_steps(self):
+        """molecule/<name>/side_effect.py: side_effect(scenario), and after_<step>(scenario) hooks."""
+        path = self.directory / "side_effect.py"
+        if not path.exists():
+            return None
+        spec = importlib.util.spec_from_file_location(f"side_effect_{self.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def test(self) -> None:
+        """molecule's test sequence, the Python side effect at its place; destroy whatever happens."""
+        python = self._python_steps()
+        own = {
+            "syntax": self.syntax,
+            "converge": self.converge,
+            "idempotence": self.idempotence,
+            "check": self.check,
+            "side_effect": lambda: python.side_effect(self),
+        }
+        finished = False
+        try:
+            for step in self.sequence:
+                started = time.monotonic()
+                if step in own:
+                    own[step]()
+                else:
+                    self.molecule(step)
+                hook = getattr(python, f"after_{step}", None)
+                if hook:
+                    hook(self)
+                self.minutes[step] = self.minutes.get(step, 0) + (time.monotonic() - started) / 60
+            finished = self.sequence[-1] == "destroy"
+        finally:
+            if not finished:
+                self.molecule("destroy")
