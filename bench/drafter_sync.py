@@ -19,9 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+import ansible.module_utils
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# library/dir_manifest.py imports ansible.module_utils.specfleet_files, which Ansible finds in module_utils/.
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 BIN = Path(sys.executable).parent
 BOX = "specfleet-bench-sync"
 IMAGE = "localhost/specfleet-simbox:bookworm"

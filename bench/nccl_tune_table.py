@@ -1,8 +1,8 @@
 """NCCL candidates per message size, and what the scorer picks (prints figures; not a test).
 
 Reads measurements made by roles/nccl_tune/files/nccl_allreduce_bench.py (by default the real
-2x H200 ones kept as test fixtures) and scores them with library/nccl_tune.py on Kimi-K2.5's
-profile (hidden 7168): the default mix, decode only, prefill only.
+2x H200 ones kept as test fixtures) and scores them with module_utils/nccl_scoring.py (the scorer
+library/nccl_tune.py uses) on Kimi-K2.5's profile (hidden 7168): the default mix, decode only, prefill only.
 
     .venv/bin/python bench/nccl_tune_table.py [report.json ...]
 
@@ -21,9 +21,10 @@ from pathlib import Path
 import ansible.module_utils
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "library"))
-ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-import nccl_tune  # noqa: E402
+# As ansible.cfg and tests/conftest.py do: ansible.module_utils.<name> also comes from module_utils/
+if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
+from ansible.module_utils import nccl_scoring  # noqa: E402
 
 DEFAULT_REPORTS = sorted((ROOT / "tests/fixtures/nccl_tune").glob("h200x2-*.json"))
 PROFILES = {"decode 0.7 + prefill 0.3": (0.7, 0.3), "decode only": (1.0, 0.0), "prefill only": (0.0, 1.0)}
@@ -34,8 +35,8 @@ def table(path):
     if "candidates" not in report:
         return
     print(f"\n{Path(path).name}: {report['backend']}, {report['world_size']} processes")
-    profile = nccl_tune.size_profile(7168, [1, 8, 32, 64], [512, 2048, 8192], 0.7, 0.3)
-    choice = nccl_tune.score(report, profile, 0.05)
+    profile = nccl_scoring.size_profile(7168, [1, 8, 32, 64], [512, 2048, 8192], 0.7, 0.3)
+    choice = nccl_scoring.score(report, profile, 0.05)
     header = "".join(f"{entry['bytes'] / 1024:>10.0f}K" for entry in profile)
     print(f"  {'median us per all-reduce':<26}{header}")
     for candidate in choice["candidates"]:
@@ -50,8 +51,8 @@ def table(path):
         + ", ".join(f"{name} {gbps:.0f} GB/s" for name, gbps in largest.items())
     )
     for label, (decode, prefill) in PROFILES.items():
-        weighted = nccl_tune.size_profile(7168, [1, 8, 32, 64], [512, 2048, 8192], decode, prefill)
-        picked = nccl_tune.score(report, weighted, 0.05)
+        weighted = nccl_scoring.size_profile(7168, [1, 8, 32, 64], [512, 2048, 8192], decode, prefill)
+        picked = nccl_scoring.score(report, weighted, 0.05)
         scores = ", ".join(f"{c['name']} {c['score']:.2f}" for c in picked["candidates"] if "score" in c)
         print(f"  {label:<26}picks {picked['chosen']:<10} scores: {scores}")
 

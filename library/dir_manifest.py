@@ -71,22 +71,13 @@ hashed:
   elements: str
 """
 
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
+import hashlib
+import json
+import os
+import tempfile
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
-CHUNK = 4 * 1024 * 1024
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.specfleet_files import sha256_file
 
 
 def walk(root, exclude):
@@ -138,14 +129,15 @@ def load_cache(path):
         return {}
 
 
-def save_cache(path, cache):
+def save_cache(module, path, cache):
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    # A unique temporary name: two plays may describe the same source at once.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-")
+    # Written whole in this run's own temporary directory, then moved into place: two plays may describe
+    # the same source at once, and a reader sees the old cache or the new one, never part of one.
+    fd, tmp = tempfile.mkstemp(dir=module.tmpdir, prefix="manifest-")
     with os.fdopen(fd, "w") as handle:
         json.dump(cache, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    module.atomic_move(tmp, path)
 
 
 def main():
@@ -167,7 +159,7 @@ def main():
         if not manifest["files"]:
             module.fail_json(msg=f"{root} holds no files")
         if cache_path and not module.check_mode:
-            save_cache(cache_path, cache)
+            save_cache(module, cache_path, cache)
     except OSError as exc:
         module.fail_json(msg=f"cannot read {root}: {exc}")
     module.exit_json(changed=False, **manifest)

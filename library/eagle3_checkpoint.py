@@ -228,14 +228,13 @@ ansible_facts:
           sample: 0.33.0
 """
 
-import hashlib  # noqa: E402  (Ansible modules import after DOCUMENTATION/EXAMPLES/RETURN)
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
+import json
+import math
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.safetensors_header import INDEX_NAME, read_checkpoint  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safetensors_header import INDEX_NAME, read_checkpoint
+from ansible.module_utils.vllm_version import parse_vllm_version
 
 CONFIG_NAME = "config.json"
 
@@ -276,16 +275,6 @@ SUMMARY_FACTS = (
     "max_position_embeddings",
     "speculative_tokens",
 )
-
-VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def parse_vllm_version(text):
-    """'0.32.0+cpu' -> (0, 32, 0); pre-release and local tags are ignored. Raises ValueError."""
-    match = VERSION_RE.match(text or "")
-    if not match:
-        raise ValueError(f"vllm_version {text!r} is not a version like 0.33.0")
-    return tuple(int(part or 0) for part in match.groups())
 
 
 def version_text(version):
@@ -638,19 +627,11 @@ def tensor_problems(summary, tensors):
     return prefix, problems
 
 
-def sha256_file(path, chunk=1 << 20):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _file_entry(directory, name, checksum):
+def _file_entry(directory, name, sha256):
     path = os.path.join(directory, name)
     entry = {"name": name, "size": os.path.getsize(path)}
-    if checksum:
-        entry["sha256"] = sha256_file(path)
+    if sha256:
+        entry["sha256"] = sha256(path)
     return entry
 
 
@@ -660,9 +641,13 @@ def inspect_drafter(
     version=None,
     served_max_model_len=None,
     pipeline_parallel_size=1,
-    checksum=False,
+    sha256=None,
 ):
-    """The eagle3_checkpoint fact for a drafter directory; reads configs and headers (and hashes if asked)."""
+    """The eagle3_checkpoint fact for a drafter directory; reads configs and headers.
+
+    `sha256`, when given, is a function path -> hex digest (main passes module.sha256 when checksum=true):
+    every file read then gets its "sha256" in "files".
+    """
     facts = {
         "path": path,
         "valid": False,
@@ -687,7 +672,7 @@ def inspect_drafter(
     if problem:
         problems.append(problem)
     else:
-        facts["files"].append(_file_entry(path, CONFIG_NAME, checksum))
+        facts["files"].append(_file_entry(path, CONFIG_NAME, sha256))
         summary = read_drafter_config(config)
         problems.extend(summary["problems"])
         for key in SUMMARY_FACTS:
@@ -695,9 +680,9 @@ def inspect_drafter(
 
     checkpoint = read_checkpoint(path)
     if checkpoint["index"] and os.path.isfile(os.path.join(path, INDEX_NAME)):
-        facts["files"].append(_file_entry(path, INDEX_NAME, checksum))
+        facts["files"].append(_file_entry(path, INDEX_NAME, sha256))
     for entry in checkpoint["files"]:
-        facts["files"].append(_file_entry(path, entry["name"], checksum))
+        facts["files"].append(_file_entry(path, entry["name"], sha256))
     for error in checkpoint["errors"]:
         problems.append(f"{os.path.relpath(error.path, path)}: {error.reason}")
     tensors = checkpoint["tensors"]
@@ -757,7 +742,7 @@ def main():
         try:
             version = parse_vllm_version(params["vllm_version"])
         except ValueError as exc:
-            module.fail_json(msg=str(exc))
+            module.fail_json(msg=f"vllm_version {exc}")
     if params["pipeline_parallel_size"] < 1:
         module.fail_json(
             msg=f"pipeline_parallel_size is {params['pipeline_parallel_size']}, must be 1 or more"
@@ -771,7 +756,7 @@ def main():
         version=version,
         served_max_model_len=params["served_max_model_len"],
         pipeline_parallel_size=params["pipeline_parallel_size"],
-        checksum=params["checksum"],
+        sha256=module.sha256 if params["checksum"] else None,
     )
     result = {"changed": False, "ansible_facts": {"eagle3_checkpoint": facts}}
     if facts["problems"] and params["fail_on_problems"]:

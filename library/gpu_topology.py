@@ -181,11 +181,12 @@ ansible_facts:
           sample: /usr/bin/nvidia-smi
 """
 
-import csv  # noqa: E402  (Ansible modules import after DOCUMENTATION/EXAMPLES/RETURN)
-import os  # noqa: E402
-import re  # noqa: E402
+import csv
+import os
+import re
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.text_excerpt import excerpt as one_line
 
 TOPO_ARGS = ["topo", "-m"]
 # Same field order as the real capture in tests/fixtures/nvidia-smi/h200-1gpu/query-noheader.csv.
@@ -224,11 +225,8 @@ def strip_ansi(text):
 
 
 def excerpt(text, limit=200):
-    """One line, at most `limit` characters, of command output for an error message."""
-    flat = " ".join(strip_ansi(text or "").split())
-    if not flat:
-        return "(no output)"
-    return flat if len(flat) <= limit else flat[:limit] + "..."
+    """One line, at most `limit` characters, of command output for an error message (ANSI colours removed)."""
+    return one_line(strip_ansi(text or ""), limit)
 
 
 def _normalise_link(cell):

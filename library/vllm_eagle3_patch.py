@@ -117,14 +117,15 @@ diff:
   elements: dict
 """
 
-import hashlib  # noqa: E402
-import os  # noqa: E402
-import py_compile  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
+import hashlib
+import os
+import py_compile
+import re
+import shutil
+import tempfile
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_version import parse_vllm_version
 
 BACKUP_SUFFIX = ".specfleet-orig"
 # The first release that carries the fix upstream (PR #36361).
@@ -142,10 +143,10 @@ def sha256_bytes(data):
 
 def version_key(version):
     """(major, minor, micro) of a version string such as 0.17.1, 0.33.0+cpu or 0.18.0rc1."""
-    match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    if not match:
-        raise PatchError(f"cannot read a version from {version!r}")
-    return tuple(int(part or 0) for part in match.groups())
+    try:
+        return parse_vllm_version(version)
+    except ValueError:
+        raise PatchError(f"cannot read a version from {version!r}") from None
 
 
 def read_version(vllm_path):
@@ -337,39 +338,46 @@ def plan(vllm_path, patch, state):
     return entries
 
 
-def write_atomic(path, data, mode_from):
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".specfleet-")
+def write_file(path, data, mode_from, move):
+    """Write `data` to `path` through a temporary file next to it, with the mode of `mode_from`.
+
+    `move(tmp, path)` puts it in place: module.atomic_move in the module (it also keeps an existing file's
+    owner and SELinux context), os.replace when run() is called without a module.
+    """
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".specfleet-")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         if mode_from and os.path.exists(mode_from):
             shutil.copymode(mode_from, tmp)
-        os.replace(tmp, path)
+        move(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    if mode_from and os.path.exists(mode_from):
+        # atomic_move gives a file it creates (a backup) the umask's mode; the backup keeps the original's.
+        shutil.copymode(mode_from, path)
 
 
-def commit(entries, state, backup):
+def commit(entries, state, backup, move=os.replace):
     """Write backups, then every file; on any failure put back the files already written."""
     changing = [e for e in entries if e["after"] is not None]
     if state == "present" and backup:
         for entry in changing:
-            write_atomic(entry["full"] + BACKUP_SUFFIX, entry["before"], entry["full"])
+            write_file(entry["full"] + BACKUP_SUFFIX, entry["before"], entry["full"], move)
             if read_bytes(entry["full"] + BACKUP_SUFFIX) != entry["before"]:
                 raise PatchError(f"backup of {entry['path']} does not read back identical")
     written = []
     try:
         for entry in changing:
-            write_atomic(entry["full"], entry["after"], entry["full"])
+            write_file(entry["full"], entry["after"], entry["full"], move)
             written.append(entry)
         for entry in changing:
             py_compile.compile(entry["full"], doraise=True)
     except BaseException:
         for entry in written:
-            write_atomic(entry["full"], entry["before"], entry["full"])
+            write_file(entry["full"], entry["before"], entry["full"], move)
         raise
     if state == "absent":
         for entry in entries:
@@ -377,8 +385,11 @@ def commit(entries, state, backup):
                 os.unlink(entry["full"] + BACKUP_SUFFIX)
 
 
-def run(vllm_path, patches, state="present", backup=True, check_mode=False):
-    """The module's work, without AnsibleModule: returns the result dict, raises PatchError."""
+def run(vllm_path, patches, state="present", backup=True, check_mode=False, move=os.replace):
+    """The module's work, without AnsibleModule: returns the result dict, raises PatchError.
+
+    `move(tmp, dest)` puts each written file in place; main passes module.atomic_move.
+    """
     if not os.path.isfile(os.path.join(vllm_path, "__init__.py")):
         raise PatchError(f"{vllm_path} is not an installed vllm package (no __init__.py)")
     version = read_version(vllm_path)
@@ -423,7 +434,7 @@ def run(vllm_path, patches, state="present", backup=True, check_mode=False):
         e["path"]: (new_state if e["after"] is not None and not check_mode else e["state"]) for e in entries
     }
     if not check_mode and result["changed"]:
-        commit(entries, state, backup)
+        commit(entries, state, backup, move)
     return result
 
 
@@ -440,7 +451,12 @@ def main():
     params = module.params
     try:
         result = run(
-            params["vllm_path"], params["patches"], params["state"], params["backup"], module.check_mode
+            params["vllm_path"],
+            params["patches"],
+            params["state"],
+            params["backup"],
+            module.check_mode,
+            move=module.atomic_move,
         )
     except (PatchError, OSError, UnicodeDecodeError, py_compile.PyCompileError) as exc:
         module.fail_json(msg=str(exc), changed=False)

@@ -265,19 +265,19 @@ ansible_facts:
           sample: "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.5 tok/s"
 """
 
-import json  # noqa: E402  (Ansible modules import after DOCUMENTATION/EXAMPLES/RETURN)
-import time  # noqa: E402
-import urllib.parse  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+import json
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.prometheus_text import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.prometheus_text import (
     PrometheusParseError,
     format_series,
     parse,
     series_key,
 )
-from ansible.module_utils.vllm_api import (  # noqa: E402
+from ansible.module_utils.vllm_api import (
     AuthFailed,
     HttpError,
     VllmApiError,

@@ -20,6 +20,9 @@ import urllib.parse
 import urllib.request
 from http.client import HTTPException
 
+from ansible.module_utils.text_excerpt import EXCERPT_CHARS
+from ansible.module_utils.text_excerpt import excerpt as _excerpt
+
 __all__ = [
     "VllmApiError",
     "ServerUnreachable",
@@ -35,7 +38,6 @@ __all__ = [
 
 USER_AGENT = "specfleet-vllm-api/1"
 HEALTH_POLL_INTERVAL = 2.0  # seconds between two /health polls
-EXCERPT_CHARS = 200
 
 
 class VllmApiError(Exception):
@@ -64,11 +66,8 @@ class AuthFailed(HttpError):
 
 
 def excerpt(text, limit=EXCERPT_CHARS):
-    """One line of at most `limit` characters of `text` (whitespace collapsed), for an error message."""
-    flat = " ".join(str(text or "").split())
-    if not flat:
-        return "(empty body)"
-    return flat if len(flat) <= limit else flat[:limit] + "..."
+    """One line of at most `limit` characters of a body (whitespace collapsed), for an error message."""
+    return _excerpt(text, limit, empty="(empty body)")
 
 
 def _is_loopback(url):

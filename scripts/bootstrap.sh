@@ -20,7 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Podman's host settings for systemd containers on this kind of machine (shared docs/sim-box.md):
+# Podman's host settings for systemd containers on this kind of machine:
 # crun refuses the hybrid cgroup layout; rlimits above the host's hard limits are refused;
 # without the host's cgroup2 tree, systemd in the container stalls 90 s on about half the stops.
 conf=/etc/containers/containers.conf.d/50-specfleet.conf

@@ -1,4 +1,4 @@
-"""Unit tests for library/nccl_tune.py: the size profile, the scorer and the kept measurement.
+"""Unit tests for library/nccl_tune.py (scorer in module_utils/nccl_scoring.py): profile, scores, kept file.
 
 The timings are real: tests/fixtures/nccl_tune/h200x2-*.json were measured with
 roles/nccl_tune/files/nccl_allreduce_bench.py on a lent 2x H200 machine (NVLink NV18, driver
@@ -19,6 +19,7 @@ import sys
 import gpu_topology
 import nccl_tune
 import pytest
+from ansible.module_utils import nccl_scoring
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -163,8 +164,8 @@ def test_min_gain_is_the_bar_a_candidate_must_clear():
 
 def test_bus_bandwidth_is_nccl_definition():
     # 112 MiB in 409.7 us on 2 GPUs: algorithm bandwidth x 2(n-1)/n = 286.6 GB/s.
-    assert nccl_tune.bus_bandwidth_gbps(117440512, 409.7e-6, 2) == pytest.approx(286.6, abs=0.1)
-    assert nccl_tune.bus_bandwidth_gbps(8e9, 1.0, 8) == pytest.approx(14.0)
+    assert nccl_scoring.bus_bandwidth_gbps(117440512, 409.7e-6, 2) == pytest.approx(286.6, abs=0.1)
+    assert nccl_scoring.bus_bandwidth_gbps(8e9, 1.0, 8) == pytest.approx(14.0)
 
 
 def test_a_failed_candidate_is_reported_and_never_chosen():

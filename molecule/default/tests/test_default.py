@@ -1,16 +1,13 @@
 """The converged simulated box: unit, NCCL environment, service, and a real EAGLE-3 server."""
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "library"))
-import gpu_topology  # noqa: E402
+import gpu_topology
+from sim_box_client import API_KEY, chat, counter, http
 
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests/fixtures/nvidia-smi/rtx4090-8gpu-pcie"
-sys.path.insert(0, str(ROOT / "tests"))
-from sim_box_client import API_KEY, chat, counter, http  # noqa: E402
 
 
 def unit_environment(host):

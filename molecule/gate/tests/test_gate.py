@@ -2,12 +2,11 @@
 (nothing deleted); the baseline is kept on the box; the controller holds the host's report."""
 
 import json
-import sys
 from pathlib import Path
 
+from sim_box_client import chat, counter
+
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from sim_box_client import chat, counter  # noqa: E402
 
 DRAFTERS = "/srv/drafters"
 
