@@ -35,7 +35,9 @@ def assert_stopped_untouched(run, box, reason):
     failures = run.failures(HOST)
     assert any(reason in message for message in failures), failures
     # Only the checks ran: every failure is in preflight or the topology read before it.
-    assert all(r.role in ("gpu_topology", "preflight") for r in run.select(host=HOST, status="failed")), str(run)
+    assert all(r.role in ("gpu_topology", "preflight") for r in run.select(host=HOST, status="failed")), str(
+        run
+    )
     assert run.changed(HOST) == 0, str(run)
     # Nothing of the deployment exists: no service user, no venv, no unit.
     assert box.sh("id vllm", check=False).returncode != 0
