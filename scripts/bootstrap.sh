@@ -41,13 +41,22 @@ if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
   printf '%s\n' "$want" > "$conf"
 fi
 
-stamp=.venv/.requirements.sha256
-if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$(sha256sum requirements.txt)" ]; then
-  step "venv: installing requirements.txt into .venv"
-  python3 -m venv .venv
-  .venv/bin/pip install --quiet --upgrade pip
-  .venv/bin/pip install --quiet -r requirements.txt
-  sha256sum requirements.txt > "$stamp"
+# One virtualenv per content of requirements.txt, in the cache: a fresh clone links it as .venv
+# instead of installing again. A virtualenv cannot move, so it is built where it stays; the stamp,
+# written last, says it is complete.
+cache_dir="${SPECFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specfleet}"
+venv="$cache_dir/venv-$(sha256sum requirements.txt | cut -c1-16)"
+if [ ! -e "$venv/.complete" ]; then
+  step "venv: installing requirements.txt into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip
+  "$venv/bin/pip" install --quiet -r requirements.txt
+  touch "$venv/.complete"
+fi
+if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
+  rm -rf .venv
+  ln -s "$venv" .venv
 fi
 
 step "sim box image"
