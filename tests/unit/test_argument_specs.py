@@ -1,20 +1,14 @@
 """Each role's meta/argument_specs.yml matches its defaults/main.yml (scripts/check-argument-specs.py)."""
 
-import importlib.util
 import pathlib
+
+import script_module
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 SCRIPT = REPO / "scripts" / "check-argument-specs.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("check_argument_specs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-check_argument_specs = load_script()
+check_argument_specs = script_module.load(SCRIPT, "check_argument_specs")
 
 
 def test_every_role_spec_matches_its_defaults():

@@ -1,27 +1,20 @@
 """Tests for sim/build_models.py: the files it writes must be what vLLM expects to load."""
 
 import hashlib
-import importlib.util
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+import script_module
 from tokenizers import Tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "sim" / "build_models.py"
 DTYPES = {"BF16": ("<u2", 2), "I64": ("<i8", 8), "BOOL": ("?", 1)}
 
 
-def load_builder():
-    spec = importlib.util.spec_from_file_location("build_sim_models", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = load_builder()
+builder = script_module.load(SCRIPT, "build_sim_models")
 
 
 @pytest.fixture(scope="module")

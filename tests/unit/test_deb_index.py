@@ -1,18 +1,16 @@
 """roles/nvidia_cuda/files/deb_index.py: the Packages index of a directory of .debs (air-gapped boxes)."""
 
 import hashlib
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import script_module
 
 SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "nvidia_cuda" / "files" / "deb_index.py"
-spec = importlib.util.spec_from_file_location("deb_index", SCRIPT)
-deb_index = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(deb_index)
+deb_index = script_module.load(SCRIPT, "deb_index")
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
 

@@ -7,7 +7,6 @@ config, and on the repo's own simulated drafters (sim/build_models.py).
 
 import copy
 import hashlib
-import importlib.util
 import json
 import shutil
 import struct
@@ -18,6 +17,7 @@ from pathlib import Path
 import eagle3_checkpoint as ec
 import numpy as np
 import pytest
+import script_module
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTERS = REPO / "tests" / "fixtures" / "drafters"
@@ -66,14 +66,8 @@ SMALL_MLA = {
 }
 
 
-def load_builder():
-    spec = importlib.util.spec_from_file_location("build_sim_models", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = load_builder()  # only its write_safetensors (float32 -> BF16, int64 -> I64, bool -> BOOL)
+# Only its write_safetensors (float32 -> BF16, int64 -> I64, bool -> BOOL).
+builder = script_module.load(BUILDER, "build_sim_models")
 
 
 def real_config(name):
