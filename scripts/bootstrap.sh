@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 # dpkg-dev, gpg, gpg-agent: the nvidia_cuda scenario builds and signs a stand-in NVIDIA apt repository;
-# patch: the test that GNU patch applies the vLLM EAGLE-3 diffs as they are published.
-apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent patch)
+# patch: the test that GNU patch applies the vLLM EAGLE-3 diffs as they are published;
+# openssh-client: the sim boxes are reached over SSH, as a fleet is.
+apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent patch openssh-client)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
@@ -57,6 +58,13 @@ fi
 if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
   rm -rf .venv
   ln -s "$venv" .venv
+fi
+
+# The controller's key for the sim boxes (sim/roles/sim_box authorizes it on each box).
+if [ ! -s "$cache_dir/ssh/id_ed25519" ]; then
+  step "ssh: a controller key for the sim boxes"
+  mkdir -p "$cache_dir/ssh"
+  ssh-keygen -q -t ed25519 -N '' -C specfleet-sim-controller -f "$cache_dir/ssh/id_ed25519"
 fi
 
 step "sim box image"

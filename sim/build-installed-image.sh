@@ -24,10 +24,18 @@ fi
 
 echo "installed image: building $image (content $content): a box, prepared, vLLM installed, committed"
 podman rm -f "$box" >/dev/null 2>&1 || true
-trap 'podman rm -f "$box" >/dev/null 2>&1 || true' EXIT
+connection=$(mktemp --suffix=.json)
+trap 'podman rm -f "$box" >/dev/null 2>&1 || true; rm -f "$connection" "$connection.log"' EXIT
 podman run -d --name "$box" --hostname sim-gpu-box --systemd=always --shm-size=1g "$base" /sbin/init >/dev/null
-ansible-playbook sim/prepare.yml -e "ansible_host=$box" >/dev/null
-ansible-playbook deploy.yml --tags vllm -e "ansible_host=$box" | grep -E '^(PLAY RECAP|sim-gpu-box +:)' || true
+ansible-playbook sim/prepare.yml -e "sim_box_container=$box" >/dev/null
+# Through podman, as the sim's own steps go: this box is a build step, not a fleet member (host
+# variables, not extra vars, which would also redirect the tasks delegated to the controller).
+printf '{"all": {"hosts": {"sim-gpu-box": {"ansible_connection": "containers.podman.podman", "ansible_host": "%s", "ansible_user": "root"}}}}\n' "$box" >"$connection"
+ansible-playbook deploy.yml --tags vllm -i inventory/local -i "$connection" >"$connection.log" || {
+  tail -40 "$connection.log"
+  exit 1
+}
+grep -E '^sim-gpu-box +:' "$connection.log"
 podman stop "$box" >/dev/null
 podman commit --quiet --change "LABEL specfleet.content=$content" "$box" "$image" >/dev/null
 echo "installed image $image: built"

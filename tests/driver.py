@@ -199,6 +199,21 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
 
 
+# The user sim/roles/sim_box authorizes the controller's key for (its default).
+SIM_SSH_USER = yaml.safe_load((ROOT / "sim/roles/sim_box/defaults/main.yml").read_text())["sim_box_ssh_user"]
+
+
+def ssh_inventory(path: Path, host: str, container: str) -> Path:
+    """An inventory file that reaches a prepared sim box over SSH, as deploy.yml reaches a fleet's
+    boxes: the loopback port podman published for its sshd, the user sim_box set up, pipelining
+    and become as configured (the key and known_hosts come from inventory/local's group_vars)."""
+    published = podman("port", container, "22/tcp").stdout.split()[0]  # 127.0.0.1:PORT
+    port = int(published.rsplit(":", 1)[1])
+    variables = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": port}
+    path.write_text(json.dumps({"all": {"hosts": {host: {**variables, "ansible_user": SIM_SSH_USER}}}}))
+    return path
+
+
 class Box:
     """A simulated GPU box container, seen from the controller."""
 
@@ -259,6 +274,11 @@ class Scenario:
         return self.workdir / "molecule" / "inventory"
 
     @property
+    def ssh_inventory(self) -> Path:
+        """Written once the box exists (after create): molecule's own steps keep podman."""
+        return self.workdir / "ssh-inventory.json"
+
+    @property
     def host(self) -> str:
         """The box's inventory name in molecule's inventory."""
         return self.box.container
@@ -279,9 +299,10 @@ class Scenario:
         assert result.returncode == 0, f"molecule {step} -s {self.name} failed ({result.returncode}):\n{tail}"
 
     def play(self, playbook="deploy.yml", *args, **kwargs) -> Run:
-        """A playbook against this scenario's box(es), with molecule's inventory (and any other given)."""
+        """A playbook against this scenario's box(es) over SSH: molecule's inventory, the SSH
+        connection of the box, and any other inventory given."""
         extra = kwargs.pop("inventory", None)
-        inventories = [self.inventory, *([extra] if extra else [])]
+        inventories = [self.inventory, self.ssh_inventory, *([extra] if extra else [])]
         return run_playbook(playbook, *args, inventory=inventories, **kwargs)
 
     def syntax(self) -> None:
@@ -329,6 +350,8 @@ class Scenario:
                     own[step]()
                 else:
                     self.molecule(step)
+                if step == "create":
+                    ssh_inventory(self.ssh_inventory, self.host, self.box.container)
                 hook = getattr(python, f"after_{step}", None)
                 if hook:
                     hook(self)
