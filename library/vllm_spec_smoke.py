@@ -8,10 +8,12 @@ DOCUMENTATION = r"""
 module: vllm_spec_smoke
 short_description: Measure speculative-decoding acceptance and throughput on a running vLLM server
 description:
-  - Runs on the box against its own vLLM server (OpenAI-compatible API). It waits for C(/health), scrapes
+  - Runs on the box against its own vLLM server (OpenAI-compatible API). It checks C(/health) once, scrapes
     C(/metrics), sends a fixed set of chat completions, scrapes C(/metrics) again, and computes the
     speculative-decoding figures of that window from the difference of vLLM's spec-decode counters, summed
     over engines (and over the C(model_name) label of the model, when the label is there).
+  - It does not wait for a server that is still starting; run it once the server serves (roles/vllm_service's
+    readiness check, its C(ready) entry point, waits for that).
   - C(acceptance_rate) = Δaccepted / Δdraft_tokens; C(mean_acceptance_length) = 1 + Δaccepted / Δdrafts;
     C(per_position_acceptance[i]) = Δaccepted_per_pos{position=i} / Δdrafts, the formulas of vLLM's own
     C(SpecDecoding metrics) log line. C(tokens_per_second) is the completion tokens reported by the
@@ -63,13 +65,10 @@ options:
     type: int
     default: 1
   timeout:
-    description: Seconds allowed for each HTTP request (chat completions, C(/metrics), C(/v1/models)).
+    description:
+      - Seconds allowed for each HTTP request (C(/health), chat completions, C(/metrics), C(/v1/models)).
     type: int
     default: 120
-  health_timeout:
-    description: Seconds to wait for C(/health) to answer 200 before anything else; 0 tries once.
-    type: int
-    default: 300
   min_acceptance_rate:
     description: Fail when C(acceptance_rate) is below this (0 to 1).
     type: float
@@ -110,7 +109,7 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - Each failure is one distinct line. The server unreachable, or not healthy within O(health_timeout).
+  - Each failure is one distinct line. No server serving (C(/health) unreachable or not HTTP 200).
     An HTTP error (status and a short excerpt of the body). The API key refused (HTTP 401/403).
     C(/metrics) without spec-decode counters (C(speculative decoding is not enabled on <url>)).
     Spec-decode counters that went down, or were re-created, between the two scrapes (the server
@@ -281,11 +280,11 @@ from ansible.module_utils.vllm_api import (
     AuthFailed,
     HttpError,
     VllmApiError,
+    check_healthy,
     excerpt,
     get_json,
     get_text,
     post_json,
-    wait_healthy,
 )
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -553,8 +552,6 @@ def validate(params):
     for option in ("num_prompts", "max_tokens", "concurrency", "timeout"):
         if params[option] < 1:
             return f"{option} must be at least 1, got {params[option]}"
-    if params["health_timeout"] < 0:
-        return f"health_timeout must be 0 or more, got {params['health_timeout']}"
     if params["temperature"] < 0:
         return f"temperature must be 0 or more, got {params['temperature']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
@@ -576,7 +573,6 @@ ARGUMENT_SPEC = dict(
     temperature=dict(type="float", default=0.0),
     concurrency=dict(type="int", default=1),
     timeout=dict(type="int", default=120),
-    health_timeout=dict(type="int", default=300),
     min_acceptance_rate=dict(type="float"),
     min_mean_acceptance_length=dict(type="float"),
     min_speedup=dict(type="float"),
@@ -600,7 +596,7 @@ def main():
     chat_url = base_url + "/v1/chat/completions"
 
     try:
-        wait_healthy(base_url, params["health_timeout"], api_key=api_key)
+        check_healthy(base_url, api_key=api_key, timeout=timeout)
         model = params["model"] or first_model(base_url, api_key, timeout)
         before = scrape(base_url, api_key, timeout)
         before_series = spec_series(before.samples, model, base_url) if params["speculation"] else None

@@ -14,7 +14,6 @@ talking to its own server must not send the request (and the API key) through a 
 import ipaddress
 import json
 import socket
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,12 +31,11 @@ __all__ = [
     "get_text",
     "get_json",
     "post_json",
-    "wait_healthy",
+    "check_healthy",
     "excerpt",
 ]
 
 USER_AGENT = "specfleet-vllm-api/1"
-HEALTH_POLL_INTERVAL = 2.0  # seconds between two /health polls
 
 
 class VllmApiError(Exception):
@@ -167,35 +165,19 @@ def post_json(url, payload, api_key=None, timeout=30.0):
     return status, _json_body("POST", url, status, body)
 
 
-def wait_healthy(base_url, timeout, api_key=None, interval=None, clock=None, sleep=None):
-    """Poll <base_url>/health until it answers HTTP 200; return the seconds waited.
+def check_healthy(base_url, api_key=None, timeout=30.0):
+    """GET <base_url>/health once; raise ServerUnreachable with one line unless it answers HTTP 200.
 
-    Bounded: gives up after `timeout` seconds (each poll's own timeout never reaches past the deadline) and
-    raises ServerUnreachable naming the last failure. A 401/403 is raised at once (waiting will not fix a
-    key). Any other HTTP error (503 while the engine starts, for instance) is retried until the deadline.
-    `interval` defaults to HEALTH_POLL_INTERVAL; `clock` and `sleep` to time.monotonic and time.sleep.
+    No waiting: whoever starts the server waits until it serves (roles/vllm_service's readiness check).
+    A 401/403 is raised as AuthFailed (the key, not the server, is the problem).
     """
-    interval = HEALTH_POLL_INTERVAL if interval is None else interval
-    clock = clock or time.monotonic
-    sleep = sleep or time.sleep
-    url = base_url.rstrip("/") + "/health"
-    started = clock()
-    deadline = started + max(0.0, float(timeout))
-    last = "no attempt"
-    while True:
-        remaining = deadline - clock()
-        try:
-            status, _body = request("GET", url, api_key=api_key, timeout=max(0.5, min(10.0, remaining)))
-            if status == 200:
-                return clock() - started
-            last = f"HTTP {status}"
-        except AuthFailed:
-            raise
-        except (ServerUnreachable, HttpError) as exc:
-            last = str(exc)
-        remaining = deadline - clock()
-        if remaining <= 0:
-            raise ServerUnreachable(
-                f"{url} did not answer HTTP 200 within {float(timeout):g} s; last: {last}", url
-            )
-        sleep(min(interval, remaining))
+    root = base_url.rstrip("/")
+    url = root + "/health"
+    try:
+        status, _body = request("GET", url, api_key=api_key, timeout=timeout)
+    except AuthFailed:
+        raise
+    except VllmApiError as exc:
+        raise ServerUnreachable(f"no vLLM server serving at {root}: {exc}", url) from None
+    if status != 200:
+        raise ServerUnreachable(f"no vLLM server serving at {root}: GET {url} answered HTTP {status}", url)

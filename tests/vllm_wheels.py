@@ -13,6 +13,8 @@ object {version: tar path}, fetching what is missing.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import io
@@ -128,8 +130,22 @@ def _cpu_torch_wheel() -> str | None:
     return sorted(found)[-1] if found else None
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """Hold an exclusive lock on path for the block: pytest-xdist workers build the cache side by side."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def torch_python() -> Path:
     """Python of a cached venv with CPU torch and what vLLM's model code imports; built once."""
+    with _exclusive(CACHE / "vllm-eagle3-torch-venv.lock"):
+        return _torch_python()
+
+
+def _torch_python() -> Path:
     python = TORCH_VENV / "bin" / "python"
     stamp = TORCH_VENV / ".specfleet-packages"
     wheel = _cpu_torch_wheel()

@@ -78,10 +78,16 @@ def side_effect(scenario):
         failure
     )
     assert re.search(r"rolled back from drafter release \w+ to \w+, which now serves", failure), failure
+    # eagle3_drafter's rollback entry point moves `current` back; the gate restarts on it.
+    relink = random.one(
+        host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/rollback.yml", action="file"
+    )
+    assert relink.changed, str(random)
     rollback_restart = random.one(
         host=host, role="gate", file="gate/tasks/rollback.yml", action="systemd_service"
     )
     assert rollback_restart.changed, str(random)
+    assert random.results.index(relink) < random.results.index(rollback_restart), str(random)
     completions = random.ran(
         host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="uri"
     )
