@@ -1,9 +1,9 @@
 """Deploy timings on a fresh simulated GPU box (prints figures; not a test).
 
-Creates its own box container (specfleet-bench, loopback port 18001), then measures:
-the first deploy.yml run, a second no-change run, their ratio, and vLLM's own time from
-process start to "Application startup complete" inside the first run; then a new drafter shipped
-with --tags eagle3, against the engine's own restart time inside it. Removes the box after.
+Creates its own box container (specfleet-bench; SSH on loopback port 22124, the server on 18001),
+then measures: the first deploy.yml run, a second no-change run, their ratio, and vLLM's own time
+from process start to "Application startup complete" inside the first run; then a new drafter
+shipped with --tags eagle3, against the engine's own restart time inside it. Removes the box after.
 
     .venv/bin/python bench/deploy_timing.py
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BOX = "specfleet-bench"
-EXTRA = ["-e", f"ansible_host={BOX}", "-e", "sim_box_host_port=18001"]
+# Reached over SSH like the default box, on ports of its own.
+EXTRA = ["-e", f"sim_box_container={BOX}", "-e", "ansible_port=22124", "-e", "sim_box_host_port=18001"]
 
 
 def playbook(name, *args):
@@ -64,7 +65,7 @@ def main():
         print(f"second run, nothing to change   : {second:7.1f} s   ({second_recap})")
         print(f"ratio first / second            : {first / second:7.1f} x")
         print(f"vLLM start to ready (in run 1)  : {vllm_time_to_ready():7.1f} s")
-        drafter = ROOT / "build/sim-models/eagle3-accept-v2"
+        drafter = ROOT / "build/sim-models/eagle3-known-3.0"
         ship, ship_recap = playbook(
             "deploy.yml", "--tags", "eagle3", "-e", f"eagle3_drafter_source={drafter}"
         )
