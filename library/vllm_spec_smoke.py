@@ -23,6 +23,14 @@ description:
     result (C(ansible_facts.vllm_spec_smoke)).
   - Measure on chat prompts at temperature 0 (the defaults). Random tokens with C(ignore_eos) loop and
     inflate acceptance, so the built-in prompts are ordinary chat requests.
+  - The figures come with confidence intervals (C(intervals)). Each position's acceptance is a binomial over
+    drafts (Wilson interval). vLLM accepts a prefix of every draft, so the per-position counts give the
+    number of drafts with 0, 1, ..., k accepted tokens, and the mean acceptance length is a mean over
+    drafts with that spread. At O(concurrency) 1 the counters are also read after every request, and the
+    spread over requests (a ratio estimator's) is computed too; the wider interval is used, since drafts
+    of one request are not independent. The acceptance rate, when every draft proposed k tokens, is
+    (mean acceptance length - 1) / k and takes that interval.
+  - O(min_speedup) is checked on the point figure (tokens per second have no per-draft spread here).
   - Changes nothing on the box; C(changed) is always C(false).
 options:
   base_url:
@@ -43,13 +51,46 @@ options:
   prompts:
     description:
       - "User messages to send, one chat completion each: C(messages=[{role: user, content: <prompt>}])."
-      - Default is a built-in set of 10 varied chat prompts (code, facts, writing, reasoning).
+      - Default is a built-in set of 32 varied chat prompts (code, facts, writing, reasoning).
+      - Mutually exclusive with O(requests).
     type: list
     elements: str
+  requests:
+    description:
+      - The operator's own traffic as the workload, e.g. one parsed line each of a JSONL file of real chat
+        requests. Each is the body of a chat completion request with a non-empty C(messages) list; its own
+        C(max_tokens) and C(temperature) win over O(max_tokens) and O(temperature), and any other key (e.g.
+        C(top_p)) is sent as it is. C(model) and C(stream) are always the module's.
+      - Mutually exclusive with O(prompts).
+    type: list
+    elements: dict
   num_prompts:
-    description: Number of requests to send; the prompts are used in order and cycled.
+    description:
+      - Number of requests of the first round; the workload (O(prompts), O(requests) or the built-in set) is
+        used in order and cycled.
     type: int
     default: 8
+  max_prompts:
+    description:
+      - The budget for measuring more. While a threshold's confidence interval straddles its floor, another
+        round of O(num_prompts) requests is sent (the next ones of the workload), until the verdict is clear,
+        O(max_prompts) requests have been sent or O(max_seconds) have passed.
+      - At temperature 0 a repeated request repeats its outcome and adds no information, so give at least
+        this many distinct requests.
+      - Default (or anything below O(num_prompts)) is O(num_prompts), one round.
+    type: int
+  max_seconds:
+    description: No further round starts after this many seconds of requests.
+    type: int
+    default: 600
+  confidence:
+    description:
+      - Two-sided confidence level of the intervals (0 to 1, exclusive).
+      - The acceptance rate and mean acceptance length pass a floor only when the whole interval is at or
+        above it and fail when the whole interval is below it. An interval that still straddles its floor
+        when the budget is spent fails (a drafter not shown to pay is not deployed).
+    type: float
+    default: 0.95
   max_tokens:
     description: C(max_tokens) of every request.
     type: int
@@ -161,10 +202,11 @@ passed:
   type: bool
   sample: true
 reason:
-  description: One line; the missed thresholds, or C(passed:) and the headline figures.
+  description:
+    - One line; the missed thresholds with their intervals, or C(passed:) and the headline figures.
   returned: when the window could be measured
   type: str
-  sample: "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.5 tok/s"
+  sample: "mean_acceptance_length 2.14 [2.05, 2.23] < min_mean_acceptance_length 2.20"
 ansible_facts:
   description: Facts added to C(ansible_facts).
   returned: when the window could be measured (also on a missed threshold)
@@ -210,6 +252,45 @@ ansible_facts:
           type: list
           elements: float
           sample: [0.63, 0.40, 0.26]
+        num_accepted_tokens_per_pos:
+          description: Δ of C(vllm:spec_decode_num_accepted_tokens_per_pos_total) per position.
+          type: list
+          elements: int
+          sample: [25, 16, 10]
+        intervals:
+          description:
+            - Confidence intervals of the figures, at C(confidence); null without drafts.
+            - C(method) says whether the spread was taken over drafts only or also over requests.
+          type: dict
+          sample:
+            confidence: 0.95
+            method: per draft and per request, the wider
+            mean_acceptance_length: [2.31, 2.79]
+            acceptance_rate: [0.437, 0.597]
+            per_position_acceptance: [[0.48, 0.76], [0.27, 0.55], [0.15, 0.40]]
+        per_request:
+          description:
+            - "Δdrafts and Δaccepted of each request, in order, as [drafts, accepted]; measured at
+              O(concurrency) 1 only (empty otherwise)."
+          type: list
+          elements: list
+          sample: [[5, 8], [4, 7]]
+        verdicts:
+          description:
+            - For each threshold given, C(above), C(below) or C(straddles) (its interval against the floor;
+              O(min_speedup) on the point figure), after the last round.
+          type: dict
+          sample: {min_mean_acceptance_length: above}
+        rounds:
+          description: Rounds of requests sent (more than one when an interval straddled its floor).
+          type: int
+          sample: 1
+        workload_digest:
+          description:
+            - sha256 of the workload sent (the request bodies, in order, as canonical JSON, without the model
+              name), so that reports on the same workload can be compared.
+          type: str
+          sample: 3b5d5c3712955042212316173ccf37be800ed2b6e4f8f6f9f1f0e0f5f2cf1b1f
         num_drafts:
           description: Δ of C(vllm:spec_decode_num_drafts_total).
           type: int
@@ -264,11 +345,13 @@ ansible_facts:
           sample: "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.5 tok/s"
 """
 
+import hashlib
 import json
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible.module_utils import spec_stats
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.prometheus_text import (
     PrometheusParseError,
@@ -296,6 +379,7 @@ MODEL_LABEL = "model_name"
 POSITION_LABEL = "position"
 
 # Ordinary chat requests of different kinds; never random tokens (their degenerate loops inflate acceptance).
+# Distinct, so that a gate that measures more (max_prompts) learns something from every one at temperature 0.
 DEFAULT_PROMPTS = (
     "Explain what a hash table is and when you would use one, in three sentences.",
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -307,13 +391,35 @@ DEFAULT_PROMPTS = (
     "Write a haiku about autumn rain on a city street.",
     "Compare TCP and UDP in a short table with three rows.",
     "Draft a polite email asking a colleague to review a pull request by Friday.",
+    "Write a SQL query that returns the ten customers with the highest total order value.",
+    "What is the difference between a process and a thread? Keep it under 100 words.",
+    "Explain photosynthesis as a short list of steps.",
+    "Suggest three names for a bakery that specialises in sourdough bread.",
+    "Write a bash one-liner that counts the lines of every .py file under the current directory.",
+    "Why does ice float on water?",
+    "Give a short recipe for a vegetarian lentil soup.",
+    "Explain the CAP theorem with one example for each trade-off.",
+    "Rewrite this sentence in plain English: 'We will leverage synergies to operationalise our roadmap.'",
+    "What were the main causes of the First World War? Answer in four bullet points.",
+    "Write a JavaScript function that debounces another function.",
+    "How do vaccines train the immune system? Explain simply.",
+    "List the planets of the solar system with one fact about each.",
+    "Write a limerick about a cat who learns to code.",
+    "What does a load balancer do, and what are two common algorithms it uses?",
+    "Convert 72 degrees Fahrenheit to Celsius and show the formula.",
+    "Give me a packing list for a three-day hiking trip.",
+    "Explain big-O notation with the examples of linear and binary search.",
+    "Write a short motivational message for a team before a product launch.",
+    "What is the difference between weather and climate?",
+    "Describe how HTTPS protects a connection, step by step.",
+    "Write a regular expression that matches an ISO 8601 date such as 2026-12-01, and explain it.",
 )
 
 THRESHOLDS = (
-    # (fact, option)
-    ("acceptance_rate", "min_acceptance_rate"),
-    ("mean_acceptance_length", "min_mean_acceptance_length"),
-    ("speedup", "min_speedup"),
+    # (fact, option, has an interval)
+    ("acceptance_rate", "min_acceptance_rate", True),
+    ("mean_acceptance_length", "min_mean_acceptance_length", True),
+    ("speedup", "min_speedup", False),
 )
 
 
@@ -422,17 +528,29 @@ def window_metrics(before, after):
     accepted = _total(after, ACCEPTED) - _total(before, ACCEPTED)
     pos_before, pos_after = _per_position(before), _per_position(after)
     positions = range(max(set(pos_before) | set(pos_after), default=-1) + 1)
-    per_position = []
-    if drafts > 0:
-        per_position = [(pos_after.get(i, 0.0) - pos_before.get(i, 0.0)) / drafts for i in positions]
+    per_pos = [_count(pos_after.get(i, 0.0) - pos_before.get(i, 0.0)) for i in positions]
     return {
         "num_drafts": _count(drafts),
         "num_draft_tokens": _count(draft_tokens),
         "num_accepted_tokens": _count(accepted),
+        "num_accepted_tokens_per_pos": per_pos,
         "acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts > 0 else None,
-        "per_position_acceptance": per_position,
+        "per_position_acceptance": [count / drafts for count in per_pos] if drafts > 0 else [],
     }
+
+
+def per_request_counts(snapshots):
+    """[drafts, accepted] of each request from the spec_series() read before the first and after each."""
+    counts = []
+    for before, after in zip(snapshots, snapshots[1:]):
+        counts.append(
+            [
+                _count(_total(after, DRAFTS) - _total(before, DRAFTS)),
+                _count(_total(after, ACCEPTED) - _total(before, ACCEPTED)),
+            ]
+        )
+    return counts
 
 
 def throughput(completion_tokens, elapsed_s, baseline=None):
@@ -451,26 +569,60 @@ def _pair(value, limit):
     return shown
 
 
-def evaluate(facts, thresholds):
-    """(passed, reason) of the facts against {option: limit or None} (THRESHOLDS' option names)."""
-    missed = []
-    for fact, option in THRESHOLDS:
+def _with_interval(fact, shown, facts):
+    interval = (facts.get("intervals") or {}).get(fact)
+    return f"{shown} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else shown
+
+
+def judge(facts, thresholds):
+    """{option: "above" | "below" | "straddles"} for every threshold given ({option: limit or None}):
+    the fact's interval against the floor where it has one, else the point figure."""
+    verdicts = {}
+    for fact, option, has_interval in THRESHOLDS:
         limit = thresholds.get(option)
         if limit is None:
             continue
         value = facts.get(fact)
+        interval = (facts.get("intervals") or {}).get(fact) if has_interval else None
+        if value is None:
+            verdicts[option] = "below"
+        elif interval:
+            verdicts[option] = spec_stats.verdict(interval, limit)
+        else:
+            verdicts[option] = "above" if value >= limit else "below"
+    return verdicts
+
+
+def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
+    """(passed, reason) of the facts against {option: limit or None} (THRESHOLDS' option names).
+
+    A straddling interval fails once the budget is spent (budget_spent); until then the caller measures
+    more. `verdicts` defaults to judge(facts, thresholds).
+    """
+    verdicts = judge(facts, thresholds) if verdicts is None else verdicts
+    missed = []
+    for fact, option, _has_interval in THRESHOLDS:
+        if option not in verdicts or verdicts[option] == "above":
+            continue
+        limit, value = thresholds[option], facts.get(fact)
         if value is None:
             missed.append(f"{fact} unknown, {option} {limit:.2f}")
-        elif value < limit:
-            shown, wanted = _pair(value, limit)
+            continue
+        shown, wanted = _pair(value, limit)
+        shown = _with_interval(fact, shown, facts)
+        if verdicts[option] == "below":
             missed.append(f"{fact} {shown} < {option} {wanted}")
+        elif budget_spent:
+            missed.append(
+                f"{fact} {shown} not shown >= {option} {wanted} after {facts['requests']} requests "
+                f"(interval straddles the floor, budget spent)"
+            )
     if missed:
         return False, "; ".join(missed)
-    reason = (
-        f"passed: acceptance_rate {facts['acceptance_rate']:.2f}, "
-        f"mean acceptance length {facts['mean_acceptance_length']:.2f}, "
-        f"{facts['tokens_per_second']:.1f} tok/s"
-    )
+    rate = _with_interval("acceptance_rate", f"{facts['acceptance_rate']:.2f}", facts)
+    length = _with_interval("mean_acceptance_length", f"{facts['mean_acceptance_length']:.2f}", facts)
+    reason = f"passed: acceptance_rate {rate}, mean acceptance length {length}"
+    reason += f", {facts['tokens_per_second']:.1f} tok/s"
     if facts.get("speedup") is not None:
         reason += f", speedup {facts['speedup']:.2f}x"
     if facts.get("errors"):
@@ -478,18 +630,31 @@ def evaluate(facts, thresholds):
     return True, reason
 
 
-def workload(prompts, num_prompts):
-    """The prompts sent, in order: `prompts` cycled to `num_prompts`."""
-    return [prompts[i % len(prompts)] for i in range(num_prompts)]
+def workload(items, count, start=0):
+    """The workload items sent, in order: `items` cycled, `count` of them from position `start`."""
+    return [items[i % len(items)] for i in range(start, start + count)]
 
 
-def chat_once(url, api_key, model, prompt, max_tokens, temperature, timeout):
-    """One chat completion; return its usage.completion_tokens. Raises VllmApiError."""
+def chat_requests(params):
+    """The workload as chat request bodies: O(requests), or one user message per prompt."""
+    if params["requests"] is not None:
+        return [dict(request) for request in params["requests"]]
+    return [{"messages": [{"role": "user", "content": p}]} for p in params["prompts"] or DEFAULT_PROMPTS]
+
+
+def workload_digest(requests, max_tokens, temperature):
+    """sha256 of what is sent: each body with the module's defaults filled in, canonical JSON, in order."""
+    bodies = [{"max_tokens": max_tokens, "temperature": temperature, **request} for request in requests]
+    return hashlib.sha256(json.dumps(bodies, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
+    """One chat completion of a request body; return its usage.completion_tokens. Raises VllmApiError."""
     payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": temperature,
+        **request,
+        "model": model,
         "stream": False,
     }
     status, body = post_json(url, payload, api_key=api_key, timeout=timeout)
@@ -504,21 +669,31 @@ def chat_once(url, api_key, model, prompt, max_tokens, temperature, timeout):
     return tokens
 
 
-def run_requests(url, api_key, model, prompts, max_tokens, temperature, concurrency, timeout):
-    """Send every prompt with `concurrency` threads; return (completion_tokens, elapsed_s, errors).
+def run_requests(
+    url, api_key, model, requests, max_tokens, temperature, concurrency, timeout, after_each=None
+):
+    """Send every request with `concurrency` threads; return (completion_tokens, elapsed_s, errors).
 
-    errors is a list of the VllmApiError of each failed request, in prompt order.
+    errors is a list of the VllmApiError of each failed request, in order. At concurrency 1, after_each()
+    (when given) is called after every request: the per-request counters are read there.
     """
 
-    def one(prompt):
+    def one(request):
         try:
-            return chat_once(url, api_key, model, prompt, max_tokens, temperature, timeout), None
+            return chat_once(url, api_key, model, request, max_tokens, temperature, timeout), None
         except VllmApiError as exc:
             return 0, exc
 
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:
-        results = list(pool.map(one, prompts))
+    if concurrency == 1:
+        results = []
+        for request in requests:
+            results.append(one(request))
+            if after_each:
+                after_each()
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
+            results = list(pool.map(one, requests))
     elapsed = time.monotonic() - started
     return sum(tokens for tokens, _error in results), elapsed, [error for _tokens, error in results if error]
 
@@ -549,17 +724,30 @@ def validate(params):
         return f"base_url must be http(s)://host[:port], got {params['base_url']!r}"
     if parts.path.rstrip("/").endswith("/v1"):
         return f"base_url is the server root, without /v1: got {params['base_url']!r}"
-    for option in ("num_prompts", "max_tokens", "concurrency", "timeout"):
+    for option in ("num_prompts", "max_tokens", "concurrency", "timeout", "max_seconds"):
         if params[option] < 1:
             return f"{option} must be at least 1, got {params[option]}"
     if params["temperature"] < 0:
         return f"temperature must be 0 or more, got {params['temperature']}"
+    if not 0 < params["confidence"] < 1:
+        return f"confidence must be between 0 and 1 (exclusive), got {params['confidence']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
         return f"baseline_tokens_per_second must be above 0, got {params['baseline_tokens_per_second']}"
     if params["prompts"] is not None and (
         not params["prompts"] or not all(p.strip() for p in params["prompts"])
     ):
         return "prompts must be a non-empty list of non-empty strings"
+    if params["requests"] is not None:
+        if not params["requests"]:
+            return "requests must be a non-empty list of chat request bodies"
+        for index, request in enumerate(params["requests"], 1):
+            messages = request.get("messages")
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, dict) for m in messages)
+            ):
+                return f"requests[{index}] has no messages (a non-empty list of chat messages)"
     return None
 
 
@@ -568,7 +756,11 @@ ARGUMENT_SPEC = dict(
     api_key=dict(type="str", no_log=True),
     model=dict(type="str"),
     prompts=dict(type="list", elements="str"),
+    requests=dict(type="list", elements="dict"),
     num_prompts=dict(type="int", default=8),
+    max_prompts=dict(type="int"),
+    max_seconds=dict(type="int", default=600),
+    confidence=dict(type="float", default=0.95),
     max_tokens=dict(type="int", default=64),
     temperature=dict(type="float", default=0.0),
     concurrency=dict(type="int", default=1),
@@ -581,9 +773,70 @@ ARGUMENT_SPEC = dict(
 )
 
 
+class Measurement:
+    """The counters read before the first request and after each round (and each request at concurrency 1)."""
+
+    def __init__(self, module, base_url, model):
+        self.module, self.base_url, self.model = module, base_url, model
+        params = module.params
+        self.api_key, self.timeout = params["api_key"], params["timeout"]
+        self.speculation = params["speculation"]
+        self.first = scrape(base_url, self.api_key, self.timeout)
+        self.snapshots = [spec_series(self.first.samples, model, base_url)] if self.speculation else []
+        self.per_request = params["concurrency"] == 1 and self.speculation
+        self.completion_tokens, self.elapsed, self.errors, self.sent = 0, 0.0, [], 0
+
+    def read_series(self):
+        samples = scrape(self.base_url, self.api_key, self.timeout).samples
+        return samples, spec_series(samples, self.model, self.base_url)
+
+    def after_request(self):
+        self.snapshots.append(self.read_series()[1])
+
+    def round(self, requests):
+        params = self.module.params
+        tokens, elapsed, errors = run_requests(
+            self.base_url + "/v1/chat/completions",
+            self.api_key,
+            self.model,
+            requests,
+            params["max_tokens"],
+            params["temperature"],
+            params["concurrency"],
+            self.timeout,
+            after_each=self.after_request if self.per_request else None,
+        )
+        self.completion_tokens += tokens
+        self.elapsed += elapsed
+        self.errors += errors
+        self.sent += len(requests)
+
+    def window(self):
+        """Spec-decode figures from the first read to now, with intervals."""
+        samples, last = self.read_series()
+        if not self.per_request:
+            self.snapshots.append(last)
+        check_no_restart(
+            self.snapshots[0],
+            last,
+            created_series(self.first.samples, self.model),
+            created_series(samples, self.model),
+        )
+        figures = window_metrics(self.snapshots[0], last)
+        counts = per_request_counts(self.snapshots) if self.per_request else []
+        figures["per_request"] = counts
+        figures["intervals"] = spec_stats.intervals(
+            {**figures, "accepted_per_position": figures["num_accepted_tokens_per_pos"]},
+            self.module.params["confidence"],
+            per_request=[tuple(pair) for pair in counts],
+        )
+        return figures
+
+
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("prompts", "requests")],
         required_by={"min_speedup": "baseline_tokens_per_second"},
         supports_check_mode=True,
     )
@@ -593,82 +846,84 @@ def main():
         module.fail_json(msg=problem)
     base_url = params["base_url"].rstrip("/")
     api_key, timeout = params["api_key"], params["timeout"]
-    chat_url = base_url + "/v1/chat/completions"
+    per_round = params["num_prompts"]
+    budget = max(per_round, params["max_prompts"] or per_round)
+    items = chat_requests(params)
+    sent_workload = workload(items, per_round)
 
     try:
         check_healthy(base_url, api_key=api_key, timeout=timeout)
         model = params["model"] or first_model(base_url, api_key, timeout)
-        before = scrape(base_url, api_key, timeout)
-        before_series = spec_series(before.samples, model, base_url) if params["speculation"] else None
-        prompts = workload(list(params["prompts"] or DEFAULT_PROMPTS), params["num_prompts"])
-        completion_tokens, elapsed, errors = run_requests(
-            chat_url,
-            api_key,
-            model,
-            prompts,
-            params["max_tokens"],
-            params["temperature"],
-            params["concurrency"],
-            timeout,
-        )
+        measured = Measurement(module, base_url, model)
+        measured.round(sent_workload)
     except (VllmApiError, SpecSmokeError) as exc:
         module.fail_json(msg=str(exc))
 
-    tokens_per_second, speedup = throughput(completion_tokens, elapsed, params["baseline_tokens_per_second"])
-    facts = {
-        "base_url": base_url,
-        "model": model,
-        "concurrency": params["concurrency"],
-        "max_tokens": params["max_tokens"],
-        "temperature": params["temperature"],
-        "requests": len(prompts),
-        "errors": len(errors),
-        "first_error": str(errors[0]) if errors else None,
-        "completion_tokens": completion_tokens,
-        "elapsed_s": round(elapsed, 3),
-        "tokens_per_second": tokens_per_second,
-        "baseline_tokens_per_second": params["baseline_tokens_per_second"],
-        "speedup": speedup,
-    }
-    if len(errors) == len(prompts):
-        first = errors[0]
+    def figures():
+        tokens_per_second, speedup = throughput(
+            measured.completion_tokens, measured.elapsed, params["baseline_tokens_per_second"]
+        )
+        return {
+            "base_url": base_url,
+            "model": model,
+            "concurrency": params["concurrency"],
+            "max_tokens": params["max_tokens"],
+            "temperature": params["temperature"],
+            "requests": measured.sent,
+            "errors": len(measured.errors),
+            "first_error": str(measured.errors[0]) if measured.errors else None,
+            "completion_tokens": measured.completion_tokens,
+            "elapsed_s": round(measured.elapsed, 3),
+            "tokens_per_second": tokens_per_second,
+            "baseline_tokens_per_second": params["baseline_tokens_per_second"],
+            "speedup": speedup,
+            "workload_digest": workload_digest(sent_workload, params["max_tokens"], params["temperature"]),
+        }
+
+    facts = figures()
+    if len(measured.errors) == measured.sent:
+        first = measured.errors[0]
         if isinstance(first, AuthFailed):
             module.fail_json(msg=str(first), ansible_facts={"vllm_spec_smoke": facts})
         module.fail_json(
-            msg=f"all {len(prompts)} chat requests failed; first error: {first}",
+            msg=f"all {measured.sent} chat requests failed; first error: {first}",
             ansible_facts={"vllm_spec_smoke": facts},
         )
 
     if not params["speculation"]:
-        facts["passed"], facts["reason"] = True, f"baseline without speculation: {tokens_per_second} tok/s"
-        module.exit_json(
-            changed=False, passed=True, reason=facts["reason"], ansible_facts={"vllm_spec_smoke": facts}
-        )
+        reason = f"baseline without speculation: {facts['tokens_per_second']} tok/s"
+        facts["passed"], facts["reason"] = True, reason
+        module.exit_json(changed=False, passed=True, reason=reason, ansible_facts={"vllm_spec_smoke": facts})
 
-    try:
-        after = scrape(base_url, api_key, timeout)
-        after_series = spec_series(after.samples, model, base_url)
-        check_no_restart(
-            before_series,
-            after_series,
-            created_series(before.samples, model),
-            created_series(after.samples, model),
-        )
-        facts.update(window_metrics(before_series, after_series))
-    except (VllmApiError, SpecSmokeError) as exc:
-        module.fail_json(msg=str(exc), ansible_facts={"vllm_spec_smoke": facts})
+    rounds = 1
+    while True:
+        try:
+            facts.update(measured.window())
+        except (VllmApiError, SpecSmokeError) as exc:
+            module.fail_json(msg=str(exc), ansible_facts={"vllm_spec_smoke": facts})
+        if not facts["num_draft_tokens"]:
+            module.fail_json(
+                msg=(
+                    f"no draft tokens in the window: {measured.sent - len(measured.errors)} request(s) "
+                    f"produced {measured.completion_tokens} completion tokens but {base_url} drafted none"
+                ),
+                ansible_facts={"vllm_spec_smoke": facts},
+            )
+        verdicts = judge(facts, params)
+        undecided = "straddles" in verdicts.values() and "below" not in verdicts.values()
+        if not undecided or measured.sent >= budget or measured.elapsed >= params["max_seconds"]:
+            break
+        more = workload(items, min(per_round, budget - measured.sent), start=measured.sent)
+        try:
+            measured.round(more)
+        except (VllmApiError, SpecSmokeError) as exc:
+            module.fail_json(msg=str(exc), ansible_facts={"vllm_spec_smoke": facts})
+        sent_workload += more
+        rounds += 1
+        facts.update(figures())
 
-    if not facts["num_draft_tokens"]:
-        module.fail_json(
-            msg=(
-                f"no draft tokens in the window: {len(prompts) - len(errors)} request(s) produced "
-                f"{completion_tokens} completion tokens but {base_url} drafted none"
-            ),
-            ansible_facts={"vllm_spec_smoke": facts},
-        )
-
-    passed, reason = evaluate(facts, params)
-    facts["passed"], facts["reason"] = passed, reason
+    passed, reason = evaluate(facts, params, verdicts)
+    facts.update(verdicts=verdicts, rounds=rounds, passed=passed, reason=reason)
     result = dict(changed=False, passed=passed, reason=reason, ansible_facts={"vllm_spec_smoke": facts})
     if not passed:
         module.fail_json(msg=reason, **result)

@@ -48,3 +48,23 @@ def counter(host, name):
     status, body = http(host, "/metrics")
     assert status == 200
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{"))
+
+
+MODELS = ROOT / "build/sim-models"
+
+
+def theory(drafter):
+    """What sim/build_models.py computed for the token-map target and this known-acceptance drafter."""
+    return json.loads((MODELS / drafter / "sim-theory.json").read_text())
+
+
+def one_chat(drafter, max_tokens):
+    """(drafts, accepted tokens) of one chat completion of max_tokens at temperature 0: every chat prompt
+    starts the same walk, whose verification steps the theory lists; the prefill gives the first token,
+    each step its accepted drafts plus one, and the step that reaches max_tokens still counts in full."""
+    output, drafts, accepted = 1, 0, 0
+    for step in theory(drafter)["per_request"]["accepted_per_step"]:
+        if output >= max_tokens:
+            break
+        drafts, accepted, output = drafts + 1, accepted + step, output + step + 1
+    return drafts, accepted

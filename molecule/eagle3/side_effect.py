@@ -41,13 +41,13 @@ def put_drafters_on_the_box(scenario):
     box = scenario.box
     box.sh("mkdir -p /srv/incoming-drafters /srv/http-drafters")
     for source, dest in (
-        ("eagle3-accept", "/srv/incoming-drafters/eagle3-accept"),
-        ("eagle3-accept-v2", "/srv/http-drafters/eagle3-accept-v2"),
+        ("eagle3-known-3.4", "/srv/incoming-drafters/eagle3-known-3.4"),
+        ("eagle3-known-3.0", "/srv/http-drafters/eagle3-known-3.0"),
     ):
         subprocess.run(["podman", "cp", str(MODELS / source), f"{box.container}:{dest}"], check=True)
     box.sh(
         "systemd-run --unit=drafter-http python3 -m http.server 8765 --bind 127.0.0.1 "
-        "--directory /srv/http-drafters/eagle3-accept-v2"
+        "--directory /srv/http-drafters/eagle3-known-3.0"
     )
 
 
@@ -56,7 +56,7 @@ def side_effect(scenario):
     put_drafters_on_the_box(scenario)
 
     # A new release, another accepting drafter: only drafter, service and gate tasks run.
-    new = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-accept-v2'}")
+    new = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}")
     assert new.ok and new.changed(host) > 0, str(new)
     assert restarted(new, host), str(new)
     assert any(result.changed for result in switched(new, host)), str(new)
@@ -66,7 +66,7 @@ def side_effect(scenario):
     ]
     assert not installs, [(r.file, r.action) for r in installs]
 
-    again = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-accept-v2'}")
+    again = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}")
     assert again.ok and again.changed(host) == 0, str(again)
 
     # The first release again, pulled with rsync from a path on the box: same content, same id,
@@ -74,7 +74,7 @@ def side_effect(scenario):
     box_source = scenario.play(
         "deploy.yml",
         *SHIP,
-        "eagle3_drafter_source=/srv/incoming-drafters/eagle3-accept",
+        "eagle3_drafter_source=/srv/incoming-drafters/eagle3-known-3.4",
         "-e",
         "eagle3_drafter_source_kind=box",
     )
@@ -87,7 +87,7 @@ def side_effect(scenario):
 
     # The second release again, downloaded over HTTP against each file's sha256.
     files = {
-        name: hashlib.sha256((MODELS / "eagle3-accept-v2" / name).read_bytes()).hexdigest()
+        name: hashlib.sha256((MODELS / "eagle3-known-3.0" / name).read_bytes()).hexdigest()
         for name in ("config.json", "model.safetensors")
     }
     http = scenario.play(
@@ -110,7 +110,7 @@ def side_effect(scenario):
 
     # A truncated checkpoint, as an interrupted download leaves it: refused before the switch.
     with tempfile.TemporaryDirectory(suffix="-corrupt-drafter") as corrupt:
-        shutil.copytree(MODELS / "eagle3-accept", corrupt, dirs_exist_ok=True)
+        shutil.copytree(MODELS / "eagle3-known-3.4", corrupt, dirs_exist_ok=True)
         with (Path(corrupt) / "model.safetensors").open("r+b") as weights:
             weights.truncate(100000)
         bad = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={corrupt}")

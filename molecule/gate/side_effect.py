@@ -1,12 +1,16 @@
-"""The gate driven as a user would: the converged server under load, the random drafter rolled back
+"""The gate driven as a user would: the converged server under load, the operator's own traffic as the
+workload, the 15% drafter rolled back
 with the rollout stopped before a second box, an impossible speedup, a plain deploy restoring a
 passing state; checked on structured results. testinfra (tests/) then checks the box and reports."""
 
+import hashlib
 import json
 import re
 import time
 
 from driver import ROOT
+from sim_box_client import theory
+from tokenizers import Tokenizer
 
 MODELS = ROOT / "build/sim-models"
 SMOKE = "vllm_spec_smoke"
@@ -25,7 +29,11 @@ def load_matches_vllms_own_log(scenario):
     assert load.ok, str(load)
     smoke = load.one(host=host, action=SMOKE).facts["vllm_spec_smoke"]
     assert smoke["requests"] == 16 and smoke["errors"] == 0, smoke
-    assert smoke["acceptance_rate"] == 1.0, smoke
+    # Batched 8 at a time, every request still walks exactly as the theory says (greedy is exact).
+    expected = theory("eagle3-known-3.4")["expected"]
+    assert smoke["num_drafts"] == 2 * expected["num_drafts"], smoke
+    assert smoke["acceptance_rate"] == expected["acceptance_rate"], smoke
+    assert smoke["intervals"]["method"] == "per draft", smoke  # no per-request counts under load
     time.sleep(METRICS_LOG_INTERVAL_S)
     log = box.out(f"journalctl --unit vllm --no-pager --output cat --after-cursor '{cursor}'")
     accepted = sum(int(n) for n in re.findall(r"Accepted: (\d+) tokens", log))
@@ -58,25 +66,71 @@ def second_box_inventory(scenario):
     return path
 
 
+def operators_traffic(scenario):
+    """A JSONL file of chat requests whose prompts end on 8 different tokens of the token map's cycle
+    (an assistant message continued), as an operator's exported traffic would differ from request to
+    request; the theory gives each one's mean acceptance length."""
+    known = theory("eagle3-known-3.4")
+    tokenizer = Tokenizer.from_file(str(MODELS / "tokenmap" / "tokenizer.json"))
+    tokens = known["cycle_token_ids"][::15][:8]
+    requests = [
+        {
+            "messages": [
+                {"role": "user", "content": "Go on."},
+                {"role": "assistant", "content": tokenizer.decode([token])},
+            ],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        }
+        for token in tokens
+    ]
+    path = scenario.workdir / "traffic.jsonl"
+    path.write_text("".join(json.dumps(request) + "\n" for request in requests))
+    by_token = known["any_prompt"]["mean_acceptance_length_by_last_cycle_token"]
+    return path, [by_token[str(token)] for token in tokens]
+
+
+def gate_on_the_operators_traffic(scenario):
+    host = scenario.host
+    path, expected = operators_traffic(scenario)
+    run = scenario.play("deploy.yml", "--tags", "gate", "-e", f"gate_workload_file={path}")
+    assert run.ok, str(run)
+    smoke = run.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE).facts["vllm_spec_smoke"]
+    assert smoke["requests"] == 8 and smoke["rounds"] == 1, smoke
+    # Each request of the file, measured on its own, gives its known acceptance.
+    assert [1 + accepted / drafts for drafts, accepted in smoke["per_request"]] == expected, smoke
+    assert smoke["intervals"]["method"] == "per draft and per request, the wider", smoke
+    report = json.loads((ROOT / "reports" / f"{host}.json").read_text())
+    assert report["workload"]["file"] == str(path), report["workload"]
+    assert report["workload"]["file_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert report["workload"]["digest"] == smoke["workload_digest"]
+
+
 def side_effect(scenario):
     host = scenario.host
     load_matches_vllms_own_log(scenario)
+    gate_on_the_operators_traffic(scenario)
 
-    # The random drafter (acceptance 0) to the fleet: the gate fails, rolls back, says why in one
-    # line, and the rollout stops before the second box.
+    # The 15% drafter (mean acceptance length 1.41 on the gate's prompts) to the fleet: its interval lies
+    # under the floors, so the gate fails at once, rolls back, says why in one line with the intervals,
+    # and the rollout stops before the second box.
     random = scenario.play(
         "deploy.yml",
         "--tags",
         "eagle3",
         "-e",
-        f"eagle3_drafter_source={MODELS / 'eagle3-random'}",
+        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
         inventory=second_box_inventory(scenario),
     )
     assert not random.ok, str(random)
     failure = " ".join(random.failures(host))
-    assert re.search(rf"gate failed on {host}: acceptance_rate 0.00 < min_acceptance_rate 0.40", failure), (
-        failure
-    )
+    assert re.search(
+        rf"gate failed on {host}: acceptance_rate 0\.14 \[0\.1\d, 0\.1\d\] < min_acceptance_rate 0\.40; "
+        r"mean_acceptance_length 1\.41 \[1\.\d\d, 1\.\d\d\] < min_mean_acceptance_length 2\.20",
+        failure,
+    ), failure
+    low = random.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
+    assert low.facts["vllm_spec_smoke"]["rounds"] == 1, str(random)  # clearly below: no second round
     assert re.search(r"rolled back from drafter release \w+ to \w+, which now serves", failure), failure
     # eagle3_drafter's rollback entry point moves `current` back; the gate restarts on it.
     relink = random.one(
@@ -108,4 +162,6 @@ def side_effect(scenario):
     assert restore.ok, str(restore)
     smoke = restore.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
     metrics = smoke.facts["vllm_spec_smoke"]
-    assert (metrics["acceptance_rate"], metrics["mean_acceptance_length"]) == (1.0, 4.0), metrics
+    expected = theory("eagle3-known-3.4")["expected"]
+    assert metrics["num_accepted_tokens_per_pos"] == expected["num_accepted_tokens_per_pos"], metrics
+    assert metrics["mean_acceptance_length"] == expected["mean_acceptance_length"], metrics

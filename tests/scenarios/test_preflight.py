@@ -105,3 +105,28 @@ def test_taken_port_stops_in_preflight(box, deploy):
     finally:
         box.sh("pkill -f http.server", check=False)
     assert_stopped_untouched(result, box, "port 8000 is already taken on sim-gpu-box: held by python3")
+
+
+GOOD_REQUEST = '{"messages": [{"role": "user", "content": "Why is the sky blue?"}]}'
+
+
+@pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        ([GOOD_REQUEST, "messages: [hi]"], "line 2 is not JSON"),
+        ([GOOD_REQUEST, '{"prompt": "hi"}'], "line 2 has no messages (a non-empty list of chat messages)"),
+        (
+            [
+                GOOD_REQUEST,
+                '{"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 600}',
+            ],
+            "line 2 asks for max_tokens 600, but the server's context is 512 tokens",
+        ),
+    ],
+    ids=["not-jsonl", "no-messages", "past-the-context"],
+)
+def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reason):
+    """The operator's traffic file for the gate is read on the controller before anything changes."""
+    workload = tmp_path / "traffic.jsonl"
+    workload.write_text("\n".join(lines) + "\n")
+    assert_stopped_untouched(deploy("-e", f"gate_workload_file={workload}"), box, f"{workload} {reason}")

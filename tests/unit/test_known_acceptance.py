@@ -25,7 +25,9 @@ ORIGINAL = ["tiny-llama", "eagle3-accept", "eagle3-accept-v2", "eagle3-random"]
 EXPECTED = {
     "eagle3-known-1.4": (368, [96, 40, 16]),  # 0.261 / 0.109 / 0.043, rate 0.138, mean length 1.413
     "eagle3-known-2.2": (232, [144, 96, 48]),  # 0.621 / 0.414 / 0.207, rate 0.414, mean length 2.241
+    "eagle3-known-2.18": (232, [144, 96, 40]),  # 0.621 / 0.414 / 0.172, rate 0.402, mean length 2.207
     "eagle3-known-3.4": (152, [136, 120, 104]),  # 0.895 / 0.789 / 0.684, rate 0.789, mean length 3.368
+    "eagle3-known-3.0": (176, [160, 112, 80]),  # 0.909 / 0.636 / 0.455, rate 0.667, mean length 3.0
 }
 
 

@@ -59,6 +59,7 @@ def test_accepting_drafter_window():
         "num_drafts": 32,
         "num_draft_tokens": 96,
         "num_accepted_tokens": 96,
+        "num_accepted_tokens_per_pos": [32, 32, 32],
         "acceptance_rate": 1.0,
         "mean_acceptance_length": 4.0,
         "per_position_acceptance": [1.0, 1.0, 1.0],
@@ -70,6 +71,7 @@ def test_random_drafter_window():
         "num_drafts": 124,
         "num_draft_tokens": 372,
         "num_accepted_tokens": 0,
+        "num_accepted_tokens_per_pos": [0, 0, 0],
         "acceptance_rate": 0.0,
         "mean_acceptance_length": 1.0,
         "per_position_acceptance": [0.0, 0.0, 0.0],
@@ -130,6 +132,7 @@ def test_two_engines_are_summed():
         "num_drafts": 72,
         "num_draft_tokens": 216,
         "num_accepted_tokens": 156,
+        "num_accepted_tokens_per_pos": [56, 52, 48],
         "acceptance_rate": 156 / 216,
         "mean_acceptance_length": 1 + 156 / 72,
         "per_position_acceptance": [56 / 72, 52 / 72, 48 / 72],
@@ -479,9 +482,25 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
     result = run_module(smoke, {"base_url": url + "/"})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
-    reason = "passed: acceptance_rate 1.00, mean acceptance length 4.00, 256.0 tok/s"
+    reason = (
+        "passed: acceptance_rate 1.00 [0.94, 1.00], mean acceptance length 4.00 [3.82, 4.00], 256.0 tok/s"
+    )
     assert (result["passed"], result["reason"]) == (True, reason)
-    assert facts_of(result) == {
+    facts = facts_of(result)
+    # The fake answers the first scrape with "before" and every later one with "after": all of the
+    # window's drafts fall to the first request, so only the per-draft spread is known.
+    assert facts.pop("per_request") == [[32, 96]] + [[0, 0]] * 7
+    assert facts.pop("intervals") == {
+        "confidence": 0.95,
+        "method": "per draft",
+        "mean_acceptance_length": [pytest.approx(3.8217, abs=1e-4), 4.0],
+        "acceptance_rate": [pytest.approx(0.9406, abs=1e-4), 1.0],
+        "per_position_acceptance": [[pytest.approx(0.8928, abs=1e-4), 1.0]] * 3,
+    }
+    digest = smoke.workload_digest(
+        [{"messages": [{"role": "user", "content": p}]} for p in smoke.DEFAULT_PROMPTS[:8]], 64, 0.0
+    )
+    assert facts == {
         "base_url": url,
         "model": "tiny",
         "concurrency": 1,
@@ -501,11 +520,17 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "acceptance_rate": 1.0,
         "mean_acceptance_length": 4.0,
         "per_position_acceptance": [1.0, 1.0, 1.0],
+        "num_accepted_tokens_per_pos": [32, 32, 32],
+        "workload_digest": digest,
+        "verdicts": {},
+        "rounds": 1,
         "passed": True,
         "reason": reason,
     }
+    # At concurrency 1 the counters are read after every request too.
     assert fake.paths() == [("GET", "/health"), ("GET", "/v1/models"), ("GET", "/metrics")] + [
-        ("POST", "/v1/chat/completions")
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/metrics"),
     ] * 8 + [("GET", "/metrics")]
     assert fake.chats() == [
         {
@@ -527,8 +552,8 @@ def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, run_mod
         {"base_url": url, "min_acceptance_rate": 0.5, "min_mean_acceptance_length": 2.2, "max_tokens": 32},
     )
     reason = (
-        "acceptance_rate 0.00 < min_acceptance_rate 0.50; "
-        "mean_acceptance_length 1.00 < min_mean_acceptance_length 2.20"
+        "acceptance_rate 0.00 [0.00, 0.02] < min_acceptance_rate 0.50; "
+        "mean_acceptance_length 1.00 [1.00, 1.05] < min_mean_acceptance_length 2.20"
     )
     assert result["failed"] is True
     assert (result["msg"], result["passed"], result["reason"]) == (reason, False, reason)
@@ -545,7 +570,7 @@ def test_main_two_engines_with_concurrency(serve, run_module):
     url = serve(fake)
     prompts = ["What is 2 + 2?", "Name a prime number above 50.", "Say hi in Spanish."]
     args = {"base_url": url, "model": "tiny", "prompts": prompts, "num_prompts": 6, "max_tokens": 10}
-    result = run_module(smoke, dict(args, concurrency=4, min_mean_acceptance_length=3.0))
+    result = run_module(smoke, dict(args, concurrency=4, min_mean_acceptance_length=2.5))
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert facts["acceptance_rate"] == 156 / 216
@@ -553,7 +578,9 @@ def test_main_two_engines_with_concurrency(serve, run_module):
     assert facts["per_position_acceptance"] == [56 / 72, 52 / 72, 48 / 72]
     assert (facts["requests"], facts["errors"], facts["completion_tokens"]) == (6, 0, 60)
     assert facts["concurrency"] == 4
-    assert result["reason"].startswith("passed: acceptance_rate 0.72, mean acceptance length 3.17, ")
+    assert result["reason"].startswith(
+        "passed: acceptance_rate 0.72 [0.62, 0.82], mean acceptance length 3.17 [2.87, 3.46], "
+    )
     assert sorted(chat["messages"][0]["content"] for chat in fake.chats()) == sorted(prompts * 2)
     assert ("GET", "/v1/models") not in fake.paths()
 
@@ -618,7 +645,9 @@ def test_main_api_key_wrong(serve, run_module):
     assert result["msg"] == message
     facts = facts_of(result)
     assert (facts["requests"], facts["errors"], facts["first_error"]) == (3, 3, message)
-    assert fake.paths()[-1] == ("POST", "/v1/chat/completions")  # no second scrape after a total failure
+    # The counters are read before and after each request (concurrency 1), never for a window after a
+    # total failure.
+    assert fake.paths().count(("GET", "/metrics")) == 1 + 3
 
 
 def test_main_api_key_right_is_sent_and_never_shown(serve, capsys):
@@ -832,7 +861,8 @@ def test_documentation_matches_the_argument_spec_and_the_facts():
         "base_url", "model", "concurrency", "max_tokens", "temperature", "requests", "errors", "first_error",
         "completion_tokens", "elapsed_s", "tokens_per_second", "baseline_tokens_per_second", "speedup",
         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_acceptance_length",
-        "per_position_acceptance", "passed", "reason",
+        "per_position_acceptance", "passed", "reason", "num_accepted_tokens_per_pos", "intervals",
+        "per_request", "verdicts", "rounds", "workload_digest",
     }  # fmt: skip
     assert set(returned) == fact_keys
     assert isinstance(yaml.safe_load(smoke.EXAMPLES), list)
@@ -847,3 +877,151 @@ def test_baseline_mode_measures_throughput_without_spec_counters(serve, run_modu
     assert facts["tokens_per_second"] == 256.0
     assert result["reason"] == "baseline without speculation: 256.0 tok/s"
     assert "num_drafts" not in facts
+
+
+# --- intervals and measuring more, against counters that move with every request ----------------------------
+
+
+def spec_metrics_text(drafts, per_position, k=3):
+    """/metrics with the spec-decode counters of vLLM 0.32 (names and labels as in the captures)."""
+    labels = '{engine="0",model_name="tiny"}'
+    lines = [
+        f"vllm:spec_decode_num_drafts_total{labels} {float(drafts)}",
+        f"vllm:spec_decode_num_draft_tokens_total{labels} {float(drafts * k)}",
+        f"vllm:spec_decode_num_accepted_tokens_total{labels} {float(sum(per_position))}",
+    ]
+    lines += [
+        f'{PER_POS}{{engine="0",model_name="tiny",position="{i}"}} {float(count)}'
+        for i, count in enumerate(per_position)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class CountingVllm(FakeVllm):
+    """Counters that move with every chat answered: request i drafts `drafts` times and accepts the
+    per-position counts `outcomes[i % len(outcomes)]`."""
+
+    def __init__(self, outcomes, drafts=16):
+        super().__init__(["eagle3-accept-before.txt"])
+        self.outcomes, self.drafts, self.answered = outcomes, drafts, 0
+
+    def answer(self, method, path, headers, body):
+        if path == "/metrics":
+            with self.lock:
+                done = [self.outcomes[i % len(self.outcomes)] for i in range(self.answered)]
+            totals = [sum(per_pos[i] for per_pos in done) for i in range(3)]
+            return 200, "text/plain", spec_metrics_text(self.drafts * len(done), totals)
+        status, kind, text = super().answer(method, path, headers, body)
+        if path == "/v1/chat/completions":
+            with self.lock:
+                self.answered += 1
+        return status, kind, text
+
+
+# Requests that suit the drafter and requests that do not: mean acceptance length 1 + 32/16 = 3.0 over a
+# pair, with a large spread between requests.
+GOOD, POOR = [16, 14, 12], [10, 8, 4]
+# A drafter that pays nowhere: mean acceptance length 1 + 8/16 = 1.5.
+BAD = [6, 2, 0]
+
+
+def test_straddling_interval_measures_more_until_it_clears_the_floor(serve, run_module):
+    fake = CountingVllm([GOOD, POOR])
+    args = {"base_url": serve(fake), "num_prompts": 4, "max_prompts": 32, "min_mean_acceptance_length": 2.6}
+    result = run_module(smoke, args)
+    assert result.get("failed") is not True, result
+    facts = facts_of(result)
+    assert facts["rounds"] > 1 and facts["requests"] == 4 * facts["rounds"] <= 32, facts
+    assert facts["per_request"] == [[16, 42], [16, 22]] * (facts["requests"] // 2)
+    assert facts["mean_acceptance_length"] == 3.0
+    assert facts["intervals"]["method"] == "per draft and per request, the wider"
+    low, high = facts["intervals"]["mean_acceptance_length"]
+    assert 2.6 <= low < 3.0 < high, facts["intervals"]
+    assert facts["verdicts"] == {"min_mean_acceptance_length": "above"}
+    # Each round takes the next prompts of the workload: none is sent twice.
+    sent = [chat["messages"][0]["content"] for chat in fake.chats()]
+    assert sent == list(smoke.DEFAULT_PROMPTS[: len(sent)])
+
+
+def test_interval_still_straddling_when_the_budget_is_spent_fails(serve, run_module):
+    args = {"base_url": serve(CountingVllm([GOOD, POOR])), "num_prompts": 4, "max_prompts": 8}
+    result = run_module(smoke, dict(args, min_mean_acceptance_length=2.9))
+    assert result["failed"] is True
+    facts = facts_of(result)
+    low, high = facts["intervals"]["mean_acceptance_length"]
+    assert (facts["rounds"], facts["requests"]) == (2, 8)
+    assert facts["verdicts"] == {"min_mean_acceptance_length": "straddles"}
+    assert result["msg"] == (
+        f"mean_acceptance_length 3.00 [{low:.2f}, {high:.2f}] not shown >= min_mean_acceptance_length 2.90 "
+        "after 8 requests (interval straddles the floor, budget spent)"
+    )
+
+
+def test_interval_below_the_floor_fails_at_once(serve, run_module):
+    args = {"base_url": serve(CountingVllm([BAD])), "num_prompts": 4, "max_prompts": 32}
+    result = run_module(smoke, dict(args, min_mean_acceptance_length=2.2))
+    facts = facts_of(result)
+    assert result["failed"] is True and (facts["rounds"], facts["requests"]) == (1, 4)
+    low, high = facts["intervals"]["mean_acceptance_length"]
+    assert high < 2.2
+    assert result["msg"] == (
+        f"mean_acceptance_length 1.50 [{low:.2f}, {high:.2f}] < min_mean_acceptance_length 2.20"
+    )
+
+
+def test_a_budget_in_seconds_stops_further_rounds(serve, run_module):
+    fake = CountingVllm([GOOD, POOR])
+    fake.slow_prompts, fake.delay = set(smoke.DEFAULT_PROMPTS), 0.3
+    args = {"base_url": serve(fake), "num_prompts": 4, "max_prompts": 32, "max_seconds": 1}
+    result = run_module(smoke, dict(args, min_mean_acceptance_length=2.6))
+    assert facts_of(result)["rounds"] == 1, facts_of(result)
+
+
+def test_operator_requests_are_the_workload(serve, run_module):
+    fake = CountingVllm([GOOD])
+    requests = [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+        {
+            "messages": [{"role": "user", "content": "Sum 2+2"}],
+            "max_tokens": 16,
+            "temperature": 0.5,
+            "top_p": 0.9,
+        },
+    ]
+    result = run_module(smoke, {"base_url": serve(fake), "requests": requests, "num_prompts": 3})
+    assert result.get("failed") is not True, result
+    sent = fake.chats()
+    assert [chat["messages"] for chat in sent] == [r["messages"] for r in (requests * 2)[:3]]
+    assert [(c["max_tokens"], c["temperature"], c.get("top_p")) for c in sent] == [
+        (64, 0.0, None),
+        (16, 0.5, 0.9),
+        (64, 0.0, None),
+    ]
+    assert all(c["model"] == "tiny" and c["stream"] is False for c in sent)
+    digest = facts_of(result)["workload_digest"]
+    assert digest == smoke.workload_digest((requests * 2)[:3], 64, 0.0)
+    assert digest != smoke.workload_digest((requests * 2)[:3], 32, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("requests", "message"),
+    [
+        ([], "requests must be a non-empty list of chat request bodies"),
+        ([{"prompt": "hi"}], "requests[1] has no messages (a non-empty list of chat messages)"),
+        ([{"messages": []}], "requests[1] has no messages (a non-empty list of chat messages)"),
+    ],
+)
+def test_operator_requests_without_messages_are_refused(run_module, requests, message):
+    result = run_module(smoke, {"requests": requests})
+    assert (result["failed"], result["msg"]) == (True, message)
+
+
+def test_prompts_and_requests_are_exclusive(run_module):
+    result = run_module(
+        smoke, {"prompts": ["a"], "requests": [{"messages": [{"role": "user", "content": "a"}]}]}
+    )
+    assert result["failed"] is True and "mutually exclusive" in result["msg"]
+
+
+def test_built_in_prompts_are_distinct_enough_for_a_budget():
+    assert len(set(smoke.DEFAULT_PROMPTS)) == len(smoke.DEFAULT_PROMPTS) == 32

@@ -29,7 +29,7 @@ def test_unit_nccl_environment_is_the_measured_winner(host):
     assert kept["identity"]["world_size"] == 8
     assert kept["identity"]["driver"] == "575.57.08"
     assert kept["identity"]["gpus"] == ["NVIDIA GeForce RTX 4090"]
-    # tiny-llama's hidden size is 128: decode batches 1..64 and prefill chunks of 512..8192 tokens.
+    # The sim target's hidden size is 128: decode batches 1..64 and prefill chunks of 512..8192 tokens.
     assert kept["identity"]["sizes"] == [256, 2048, 8192, 16384, 131072, 524288, 2097152]
     env = unit_environment(host)
     nccl = {k: v for k, v in env.items() if k.startswith(("NCCL_", "CUDA_DEVICE_MAX"))}

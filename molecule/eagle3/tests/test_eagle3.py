@@ -1,10 +1,10 @@
-"""After side_effect: a second accepting drafter shipped from the controller, the first again from a
+"""After side_effect: a second passing drafter shipped from the controller, the first again from a
 path on the box, the second again over HTTP; the corrupted checkpoint never went live."""
 
 import json
 from pathlib import Path
 
-from sim_box_client import chat, counter
+from sim_box_client import chat, counter, one_chat
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -22,8 +22,8 @@ def test_current_is_the_second_release_and_previous_the_first(host):
     previous, previous_meta = release(host, "previous")
     # The box-path and HTTP ships found the releases the controller ships had published: same
     # content, same id, so the release records keep their first source.
-    assert current_meta["source"].endswith("/build/sim-models/eagle3-accept-v2")
-    assert previous_meta["source"].endswith("/build/sim-models/eagle3-accept")
+    assert current_meta["source"].endswith("/build/sim-models/eagle3-known-3.0")
+    assert previous_meta["source"].endswith("/build/sim-models/eagle3-known-3.4")
     assert current == f"{DRAFTERS}/releases/{current_meta['id']}"
     assert previous == f"{DRAFTERS}/releases/{previous_meta['id']}"
     assert current_meta["id"] == current_meta["digest"][:12]
@@ -48,7 +48,7 @@ def test_corrupted_checkpoint_stayed_in_staging(host):
 
 def test_last_box_side_source_is_in_incoming(host):
     assert host.file(f"{DRAFTERS}/incoming/model.safetensors").sha256sum == (
-        host.file("/srv/http-drafters/eagle3-accept-v2/model.safetensors").sha256sum
+        host.file("/srv/http-drafters/eagle3-known-3.0/model.safetensors").sha256sum
     )
 
 
@@ -58,8 +58,8 @@ def test_server_speculates_with_the_current_release(host):
     assert host.service("vllm").is_running
     drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total")
     accepted = counter(host, "vllm:spec_decode_num_accepted_tokens_total")
-    assert chat(host).strip()
-    # An accepting drafter is live: every drafted token accepted.
-    new_drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted
-    assert new_drafted > 0
-    assert counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == new_drafted
+    assert chat(host, max_tokens=32).strip()
+    # The second drafter is live: its known acceptance, to the token.
+    drafts, accepted_tokens = one_chat("eagle3-known-3.0", 32)
+    assert counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted == 3 * drafts
+    assert counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == accepted_tokens

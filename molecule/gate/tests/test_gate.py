@@ -1,10 +1,10 @@
-"""After side_effect: the accepting release serves and passes; the random one stayed as a release
-(nothing deleted); the baseline is kept on the box; the controller holds the host's report."""
+"""After side_effect: the passing release (known acceptance 3.4) serves and passes; the 15% one stayed
+as a release (nothing deleted); the baseline is kept on the box; the controller holds the host's report."""
 
 import json
 from pathlib import Path
 
-from sim_box_client import chat, counter
+from sim_box_client import chat, counter, one_chat, theory
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -16,13 +16,14 @@ def source_of(host, link):
     return json.loads(host.file(f"{target}/.release.json").content_string)["source"]
 
 
-def test_accepting_release_serves_with_full_acceptance(host):
-    assert source_of(host, "current").endswith("/build/sim-models/eagle3-accept")
+def test_passing_release_serves_with_its_known_acceptance(host):
+    assert source_of(host, "current").endswith("/build/sim-models/eagle3-known-3.4")
     drafted = counter(host, "vllm:spec_decode_num_draft_tokens_total")
     accepted = counter(host, "vllm:spec_decode_num_accepted_tokens_total")
-    assert chat(host).strip()
-    new = counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted
-    assert new > 0 and counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == new
+    assert chat(host, max_tokens=32).strip()
+    drafts, accepted_tokens = one_chat("eagle3-known-3.4", 32)
+    assert counter(host, "vllm:spec_decode_num_draft_tokens_total") - drafted == 3 * drafts
+    assert counter(host, "vllm:spec_decode_num_accepted_tokens_total") - accepted == accepted_tokens
 
 
 def test_rejected_release_was_kept(host):
@@ -30,7 +31,7 @@ def test_rejected_release_was_kept(host):
         json.loads(host.file(f"{DRAFTERS}/releases/{name}/.release.json").content_string)["source"]
         for name in host.check_output(f"ls {DRAFTERS}/releases").split()
     ]
-    assert sorted(Path(s).name for s in sources) == ["eagle3-accept", "eagle3-random"]
+    assert sorted(Path(s).name for s in sources) == ["eagle3-known-1.4", "eagle3-known-3.4"]
 
 
 def test_baseline_is_kept_with_date_and_workload(host):
@@ -43,7 +44,10 @@ def test_baseline_is_kept_with_date_and_workload(host):
 def test_controller_report_says_the_last_gate_passed(host):
     report = json.loads((ROOT / "reports" / f"{host.backend.name}.json").read_text())
     assert report["passed"] is True
-    assert report["metrics"]["acceptance_rate"] == 1.0
-    assert report["metrics"]["mean_acceptance_length"] == 4.0
-    assert report["metrics"]["per_position_acceptance"] == [1.0, 1.0, 1.0]
+    expected = theory("eagle3-known-3.4")["expected"]
+    for figure in ("num_drafts", "num_accepted_tokens_per_pos", "acceptance_rate", "mean_acceptance_length"):
+        assert report["metrics"][figure] == expected[figure], figure
+    low, high = report["metrics"]["intervals"]["mean_acceptance_length"]
+    assert 2.2 < low < expected["mean_acceptance_length"] < high
+    assert report["workload"]["digest"] == report["metrics"]["workload_digest"]
     assert report["metrics"]["errors"] == 0
