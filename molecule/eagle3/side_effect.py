@@ -11,6 +11,7 @@ from pathlib import Path
 from driver import ROOT
 
 MODELS = ROOT / "build/sim-models"
+DRAFTERS = "/srv/drafters"
 SHIP = ("--tags", "eagle3", "-e")
 RESTART = {"role": "vllm_service", "file": "vllm_service/handlers/main.yml", "action": "systemd_service"}
 
@@ -52,7 +53,7 @@ def put_drafters_on_the_box(scenario):
 
 
 def side_effect(scenario):
-    host = scenario.host
+    host, box = scenario.host, scenario.box
     put_drafters_on_the_box(scenario)
 
     # A new release, another accepting drafter: only drafter, service and gate tasks run.
@@ -85,7 +86,10 @@ def side_effect(scenario):
     assert [r.status for r in staged_copy(box_source, host)] == ["skipped"], str(box_source)
     assert restarted(box_source, host), str(box_source)
 
-    # The second release again, downloaded over HTTP against each file's sha256.
+    # Over HTTP against each file's sha256: the second drafter's weights and config only (no
+    # sim-theory.json), so a new release, staged from incoming/ on the box. incoming/ still holds the
+    # first drafter's files from the box-path ship; only the listed files make the release.
+    box.sh(f"touch {DRAFTERS}/incoming/stray-from-an-earlier-ship.bin")
     files = {
         name: hashlib.sha256((MODELS / "eagle3-known-3.0" / name).read_bytes()).hexdigest()
         for name in ("config.json", "model.safetensors")
@@ -105,7 +109,8 @@ def side_effect(scenario):
         host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/stage_http.yml", action="get_url"
     )
     assert downloads, str(http)
-    assert [r.status for r in staged_copy(http, host)] == ["skipped"], str(http)
+    assert [(r.status, r.changed) for r in staged_copy(http, host)] == [("ok", True)], str(http)
+    assert sorted(box.out(f"ls {DRAFTERS}/incoming").split()) == sorted(files), str(http)
     assert restarted(http, host), str(http)
 
     # A truncated checkpoint, as an interrupted download leaves it: refused before the switch.

@@ -74,3 +74,21 @@ def test_completion_is_speculated(host):
     drafts_before = counter(host, "vllm:spec_decode_num_drafts_total")
     assert chat(host).strip()
     assert counter(host, "vllm:spec_decode_num_drafts_total") > drafts_before
+
+
+def test_server_survives_a_request_for_logprobs(host):
+    """Ordinary requests must not take the sim's engine down: logprobs runs a torch.compile'd kernel,
+    which on this box (no C++ compiler) would kill the engine unless the sim profile turns dynamo off."""
+    payload = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    status, body = http(host, "/v1/chat/completions", payload)
+    assert status == 200, body
+    assert len(json.loads(body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    assert chat(host).strip()
+    assert http(host, "/health")[0] == 200

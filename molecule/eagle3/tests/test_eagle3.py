@@ -1,5 +1,6 @@
 """After side_effect: a second passing drafter shipped from the controller, the first again from a
-path on the box, the second again over HTTP; the corrupted checkpoint never went live."""
+path on the box, the second's weights over HTTP (a release of its own, readable by the server); the
+corrupted checkpoint never went live."""
 
 import json
 from pathlib import Path
@@ -17,12 +18,13 @@ def release(host, link):
     return target, json.loads(host.file(f"{target}/.release.json").content_string)
 
 
-def test_current_is_the_second_release_and_previous_the_first(host):
+def test_current_is_the_http_release_and_previous_the_first(host):
     current, current_meta = release(host, "current")
     previous, previous_meta = release(host, "previous")
-    # The box-path and HTTP ships found the releases the controller ships had published: same
-    # content, same id, so the release records keep their first source.
-    assert current_meta["source"].endswith("/build/sim-models/eagle3-known-3.0")
+    # The box-path ship found the release the controller had published (same content, same id, so the
+    # record keeps its first source); the HTTP ship, two files of the second drafter, is a release of its own.
+    assert current_meta["source"] == "http://127.0.0.1:8765"
+    assert sorted(entry["name"] for entry in current_meta["files"]) == ["config.json", "model.safetensors"]
     assert previous_meta["source"].endswith("/build/sim-models/eagle3-known-3.4")
     assert current == f"{DRAFTERS}/releases/{current_meta['id']}"
     assert previous == f"{DRAFTERS}/releases/{previous_meta['id']}"
@@ -42,7 +44,7 @@ def test_corrupted_checkpoint_stayed_in_staging(host):
     staged = [name for name in releases if name.endswith(".partial")]
     assert len(staged) == 1, releases
     published = [name for name in releases if not name.endswith(".partial")]
-    assert len(published) == 2, releases
+    assert len(published) == 3, releases  # the first, the second, the second over HTTP
     assert host.file(f"{DRAFTERS}/releases/{staged[0]}/model.safetensors").size == 100000
 
 
