@@ -23,13 +23,15 @@ description:
     result (C(ansible_facts.vllm_spec_smoke)).
   - Measure on chat prompts at temperature 0 (the defaults). Random tokens with C(ignore_eos) loop and
     inflate acceptance, so the built-in prompts are ordinary chat requests.
-  - The figures come with confidence intervals (C(intervals)). Each position's acceptance is a binomial over
-    drafts (Wilson interval). vLLM accepts a prefix of every draft, so the per-position counts give the
-    number of drafts with 0, 1, ..., k accepted tokens, and the mean acceptance length is a mean over
-    drafts with that spread. At O(concurrency) 1 the counters are also read after every request, and the
-    spread over requests (a ratio estimator's) is computed too; the wider interval is used, since drafts
-    of one request are not independent. The acceptance rate, when every draft proposed k tokens, is
-    (mean acceptance length - 1) / k and takes that interval.
+  - The figures come with confidence intervals (C(intervals)). At O(concurrency) 1 the counters are also
+    read after every request, and the mean acceptance length's interval comes from the spread over
+    requests (a ratio estimator, Student's t for few requests) - at temperature 0 a request's outcome is
+    fixed, and which requests were sent is the only chance in the measurement. Otherwise (concurrent
+    requests, or fewer than 5 that drafted) drafts are taken as independent - vLLM accepts a prefix of
+    every draft, so the per-position counts give the number of drafts with 0, 1, ..., k accepted tokens.
+    Each position's acceptance is a binomial over drafts (Wilson interval). The acceptance rate, when
+    every draft proposed k tokens, is (mean acceptance length - 1) / k and takes that interval.
+    Requests that all give the same counts (the same walk) have no spread, so the interval is the point.
   - O(min_speedup) is checked on the point figure (tokens per second have no per-draft spread here).
   - Changes nothing on the box; C(changed) is always C(false).
 options:
@@ -260,11 +262,11 @@ ansible_facts:
         intervals:
           description:
             - Confidence intervals of the figures, at C(confidence); null without drafts.
-            - C(method) says whether the spread was taken over drafts only or also over requests.
+            - C(method) says whether the spread was taken over requests or over drafts.
           type: dict
           sample:
             confidence: 0.95
-            method: per draft and per request, the wider
+            method: per request
             mean_acceptance_length: [2.31, 2.79]
             acceptance_rate: [0.437, 0.597]
             per_position_acceptance: [[0.48, 0.76], [0.27, 0.55], [0.15, 0.40]]

@@ -99,7 +99,7 @@ def gate_on_the_operators_traffic(scenario):
     assert smoke["requests"] == 8 and smoke["rounds"] == 1, smoke
     # Each request of the file, measured on its own, gives its known acceptance.
     assert [1 + accepted / drafts for drafts, accepted in smoke["per_request"]] == expected, smoke
-    assert smoke["intervals"]["method"] == "per draft and per request, the wider", smoke
+    assert smoke["intervals"]["method"] == "per request", smoke
     report = json.loads((ROOT / "reports" / f"{host}.json").read_text())
     assert report["workload"]["file"] == str(path), report["workload"]
     assert report["workload"]["file_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -17,6 +17,11 @@ def test_z_score():
         spec_stats.z_score(1.0)
 
 
+@pytest.mark.parametrize(("dof", "exact"), [(4, 2.776445), (7, 2.364624), (30, 2.042272)])
+def test_t_score_is_students_quantile(dof, exact):
+    assert spec_stats.t_score(Z95, dof) == pytest.approx(exact, abs=0.001)
+
+
 def test_wilson_textbook_value():
     # Wilson (1927) / Newcombe (1998), example: 81 successes of 263 -> 0.2553 .. 0.3662 at 95 %.
     low, high = spec_stats.wilson(81, 263, Z95)
@@ -79,7 +84,7 @@ def clustered(rng, requests=16, drafts=20):
     return per_request, totals
 
 
-def test_requests_that_differ_widen_the_interval_to_honest_coverage():
+def test_the_spread_over_requests_gives_honest_coverage_where_drafts_alone_do_not():
     truth = 1 + sum((0.3**i + 0.9**i) / 2 for i in (1, 2, 3))
     drafts = 16 * 20
 
@@ -88,7 +93,7 @@ def test_requests_that_differ_widen_the_interval_to_honest_coverage():
 
     def both(sample):
         (low, high), method = spec_stats.mean_length_interval(drafts, sample[1], Z95, per_request=sample[0])
-        assert method == "per draft and per request, the wider"
+        assert method == "per request"
         return low, high
 
     naive, honest = coverage(clustered, truth, per_draft, 1000), coverage(clustered, truth, both, 1000)

@@ -927,14 +927,14 @@ BAD = [6, 2, 0]
 
 def test_straddling_interval_measures_more_until_it_clears_the_floor(serve, run_module):
     fake = CountingVllm([GOOD, POOR])
-    args = {"base_url": serve(fake), "num_prompts": 4, "max_prompts": 32, "min_mean_acceptance_length": 2.6}
+    args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "min_mean_acceptance_length": 2.6}
     result = run_module(smoke, args)
     assert result.get("failed") is not True, result
     facts = facts_of(result)
-    assert facts["rounds"] > 1 and facts["requests"] == 4 * facts["rounds"] <= 32, facts
+    assert facts["rounds"] > 1 and facts["requests"] == 6 * facts["rounds"] <= 32, facts
     assert facts["per_request"] == [[16, 42], [16, 22]] * (facts["requests"] // 2)
     assert facts["mean_acceptance_length"] == 3.0
-    assert facts["intervals"]["method"] == "per draft and per request, the wider"
+    assert facts["intervals"]["method"] == "per request"
     low, high = facts["intervals"]["mean_acceptance_length"]
     assert 2.6 <= low < 3.0 < high, facts["intervals"]
     assert facts["verdicts"] == {"min_mean_acceptance_length": "above"}
@@ -972,9 +972,11 @@ def test_interval_below_the_floor_fails_at_once(serve, run_module):
 def test_a_budget_in_seconds_stops_further_rounds(serve, run_module):
     fake = CountingVllm([GOOD, POOR])
     fake.slow_prompts, fake.delay = set(smoke.DEFAULT_PROMPTS), 0.3
-    args = {"base_url": serve(fake), "num_prompts": 4, "max_prompts": 32, "max_seconds": 1}
+    # Without the time budget this takes three rounds (the test above).
+    args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "max_seconds": 1}
     result = run_module(smoke, dict(args, min_mean_acceptance_length=2.6))
     assert facts_of(result)["rounds"] == 1, facts_of(result)
+    assert facts_of(result)["verdicts"] == {"min_mean_acceptance_length": "straddles"}
 
 
 def test_operator_requests_are_the_workload(serve, run_module):
