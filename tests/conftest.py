@@ -55,3 +55,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "scenario minutes")
         for row in sorted(rows):
             terminalreporter.write_line(row)
+
+
+@pytest.fixture(scope="session")
+def torch_python():
+    """Python of the cached CPU-torch venv (tests/vllm_wheels.py); skips where it cannot be built."""
+    import vllm_wheels
+
+    try:
+        return vllm_wheels.torch_python()
+    except vllm_wheels.Unavailable as exc:
+        pytest.skip(str(exc))

@@ -169,6 +169,16 @@ def _torch_python() -> Path:
     return python
 
 
+def run_marked(python: Path, script: Path, *args: str, marker: str, timeout: int) -> object:
+    """Run a script with the torch venv's Python; return the JSON of its last `MARKER {json}` line."""
+    done = subprocess.run(
+        [str(python), str(script), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(marker + " ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(lines[-1][len(marker) + 1 :])
+
+
 def main(argv: list[str]) -> int:
     versions = argv or list(SUPPORTED)
     try:

@@ -4,7 +4,6 @@ and greedy speculative loop (sim/eagle3_reference.py). The real engine still has
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 
 import jinja2
@@ -168,34 +167,9 @@ def test_walk_counts_steps_past_max_tokens_like_the_scheduler():
 # --- Offline reference: torch re-implementation of vLLM 0.32's forward passes and greedy loop ------------
 
 
-@pytest.fixture(scope="module")
-def torch_python():
-    try:
-        return vllm_wheels.torch_python()
-    except vllm_wheels.Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 def reference(python, target: Path, drafter: Path, prompts, max_tokens=64, *flags):
-    done = subprocess.run(
-        [
-            str(python),
-            str(REFERENCE),
-            str(target),
-            str(drafter),
-            "3",
-            str(max_tokens),
-            json.dumps(prompts),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REFERENCE ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1][len("REFERENCE ") :])
+    args = (str(target), str(drafter), "3", str(max_tokens), json.dumps(prompts), *flags)
+    return vllm_wheels.run_marked(python, REFERENCE, *args, marker="REFERENCE", timeout=600)
 
 
 @pytest.mark.parametrize("name", PAIRS)

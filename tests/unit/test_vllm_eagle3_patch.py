@@ -7,7 +7,6 @@ DeepseekV3 runs through the real patched model code on CPU (tests/vllm_eagle3_fo
 
 import ast
 import hashlib
-import json
 import py_compile
 import shutil
 import subprocess
@@ -273,25 +272,9 @@ def test_not_a_vllm_package_fails_with_one_line(tmp_path, run_module):
 # --- Behaviour: the real patched model code, run on CPU ------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def torch_python():
-    try:
-        return vllm_wheels.torch_python()
-    except vllm_wheels.Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 def probe(python, site_packages):
-    done = subprocess.run(
-        [str(python), str(ROOT / "tests/vllm_eagle3_forward_probe.py"), str(site_packages)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(lines[-1][len("PROBE ") :])
+    script = ROOT / "tests/vllm_eagle3_forward_probe.py"
+    return vllm_wheels.run_marked(python, script, str(site_packages), marker="PROBE", timeout=300)
 
 
 @pytest.mark.parametrize("version", vllm_wheels.SUPPORTED)
