@@ -816,8 +816,6 @@ class Measurement:
     def window(self):
         """Spec-decode figures from the first read to now, with intervals."""
         samples, last = self.read_series()
-        if not self.per_request:
-            self.snapshots.append(last)
         check_no_restart(
             self.snapshots[0],
             last,
@@ -828,9 +826,7 @@ class Measurement:
         counts = per_request_counts(self.snapshots) if self.per_request else []
         figures["per_request"] = counts
         figures["intervals"] = spec_stats.intervals(
-            {**figures, "accepted_per_position": figures["num_accepted_tokens_per_pos"]},
-            self.module.params["confidence"],
-            per_request=[tuple(pair) for pair in counts],
+            figures, self.module.params["confidence"], per_request=[tuple(pair) for pair in counts]
         )
         return figures
 

@@ -110,8 +110,8 @@ def mean_length_interval(drafts, accepted_per_position, z, per_request=None):
 
 
 def intervals(window, confidence, per_request=None):
-    """Intervals of a spec_smoke window (num_drafts, num_draft_tokens, num_accepted_tokens and the raw
-    per-position counts): {"mean_acceptance_length": [lo, hi], "acceptance_rate": [lo, hi],
+    """Intervals of a spec_smoke window (num_drafts, num_draft_tokens, num_accepted_tokens and
+    num_accepted_tokens_per_pos): {"mean_acceptance_length": [lo, hi], "acceptance_rate": [lo, hi],
     "per_position_acceptance": [[lo, hi], ...], "confidence": c, "method": ...}; None without drafts.
 
     Each position is a binomial over drafts (Wilson). The acceptance rate, when every draft proposed the
@@ -119,7 +119,7 @@ def intervals(window, confidence, per_request=None):
     draft tokens (which takes the tokens of a draft as independent, so it is narrower than the truth).
     """
     drafts = window["num_drafts"]
-    positions = window["accepted_per_position"]
+    positions = window["num_accepted_tokens_per_pos"]
     if not drafts or not positions:
         return None
     z = z_score(confidence)

@@ -108,17 +108,17 @@ def test_a_sample_without_spread_does_not_claim_certainty():
 
 def test_intervals_of_a_window():
     window = {"num_drafts": 232, "num_draft_tokens": 696, "num_accepted_tokens": 288}
-    result = spec_stats.intervals({**window, "accepted_per_position": [144, 96, 48]}, 0.95)
+    result = spec_stats.intervals({**window, "num_accepted_tokens_per_pos": [144, 96, 48]}, 0.95)
     low, high = result["mean_acceptance_length"]
     assert low < 1 + 288 / 232 < high
     assert result["acceptance_rate"] == [(low - 1) / 3, (high - 1) / 3]
     assert result["per_position_acceptance"][0] == list(spec_stats.wilson(144, 232, Z95))
     # Drafts of different lengths: the rate falls back to Wilson over draft tokens.
     uneven = spec_stats.intervals(
-        {**window, "num_draft_tokens": 600, "accepted_per_position": [144, 96, 48]}, 0.95
+        {**window, "num_draft_tokens": 600, "num_accepted_tokens_per_pos": [144, 96, 48]}, 0.95
     )
     assert uneven["acceptance_rate"] == list(spec_stats.wilson(288, 600, Z95))
-    assert spec_stats.intervals({**window, "num_drafts": 0, "accepted_per_position": []}, 0.95) is None
+    assert spec_stats.intervals({**window, "num_drafts": 0, "num_accepted_tokens_per_pos": []}, 0.95) is None
 
 
 @pytest.mark.parametrize(
