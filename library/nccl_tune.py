@@ -212,10 +212,13 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kept_measurement import KeptMeasurementError, changed_fields, read_kept, write_kept
 from ansible.module_utils.nccl_scoring import DEFAULTS, MeasurementError, score, size_profile
+
+# Identity fields too long to show old -> new.
+SUMMARIZED = ("candidates", "sizes", "topology")
 
 
 def candidate_list(topology, extra):
@@ -254,39 +257,6 @@ def topology_digest(topology):
         "nics": topology.get("nics"),
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def changed_fields(kept, current):
-    """Names (with old -> new) of the identity fields that differ; [] when the kept timings still hold."""
-    changes = []
-    for field in sorted(set(kept) | set(current)):
-        if kept.get(field) != current.get(field):
-            if field in ("candidates", "sizes", "topology"):
-                changes.append(f"{field} changed")
-            else:
-                changes.append(f"{field} {kept.get(field)} -> {current.get(field)}")
-    return changes
-
-
-def read_kept(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        raise MeasurementError(f"cannot read the kept measurement {path}: {error}") from error
-
-
-def write_kept(module, path, kept):
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    # Written whole in the module's temporary directory (removed when the module ends), then moved into place.
-    handle, temporary = tempfile.mkstemp(dir=module.tmpdir, prefix="nccl_tune.")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(kept, stream, indent=1, sort_keys=True)
-    module.atomic_move(temporary, path)
-    os.chmod(path, 0o644)
 
 
 class Box:
@@ -407,7 +377,7 @@ def tune(module, box):
         )
     versions = box.script("probe", "--backend", params["backend"], timeout=120)
     current = identity(params, topology, versions, driver, world_size, candidates, profile)
-    stale = changed_fields(kept["identity"], current) if kept else ["nothing measured yet"]
+    stale = changed_fields(kept["identity"], current, SUMMARIZED) if kept else ["nothing measured yet"]
     if not stale and not params["remeasure"]:
         # The kept timings still hold; new weights only re-score them.
         choice = score(kept["report"], profile, params["min_gain"])
@@ -454,7 +424,7 @@ def kept_facts(kept, driver, topology):
         "topology": topology_digest(topology),
         "gpus": gpu_names(topology),
     }
-    stale = changed_fields({field: was.get(field) for field in now}, now)
+    stale = changed_fields({field: was.get(field) for field in now}, now, SUMMARIZED)
     return dict(kept["choice"], source="kept", measured_at=kept["measured_at"], identity=was, stale=stale)
 
 
@@ -501,7 +471,7 @@ def main():
     )
     try:
         changed, due, facts = tune(module, Box(module))
-    except (MeasurementError, ValueError) as error:
+    except (MeasurementError, KeptMeasurementError, ValueError) as error:
         module.fail_json(msg=str(error))
     for line in facts.get("stale") or []:
         module.warn(f"the kept NCCL measurement is stale ({line}); re-measure with --tags nccl_tune")

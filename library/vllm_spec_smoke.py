@@ -128,6 +128,21 @@ options:
         against the same target served without speculative decoding. C(speedup) is
         C(tokens_per_second) divided by it; without it C(speedup) is null.
     type: float
+  speculative_config:
+    description:
+      - The server's speculative config (its C(num_speculative_tokens) and any
+        C(num_speculative_tokens_per_batch_size) schedule). With it, C(k) is the number of tokens the server
+        drafts at batch size O(concurrency), and at concurrency 1 (or without a schedule) the module fails
+        when the server drafts another number (the config did not take).
+    type: dict
+  floors_at_k:
+    description:
+      - The k at which O(min_mean_acceptance_length) and O(min_acceptance_rate) are stated (e.g. 3). With
+        O(speculative_config), each floor is converted to the served C(k) so that it means the same drafter
+        quality whatever k a schedule serves (C(floor_at_k) in module_utils/spec_stats.py takes per-position
+        acceptance as decaying geometrically; 2.2 at k=3 is 1.61 at k=1 and 1.98 at k=2). Without it
+        the floors are taken as given.
+    type: int
   speculation:
     description:
       - Whether the server is expected to speculate. V(false) measures a baseline on the same target served
@@ -337,6 +352,14 @@ ansible_facts:
           description: tokens_per_second / baseline_tokens_per_second; null without a baseline.
           type: float
           sample: 1.524
+        k:
+          description: Tokens the server drafts at this concurrency by O(speculative_config); null without it.
+          type: int
+          sample: 3
+        floors:
+          description: The floors applied (converted to C(k) with O(floors_at_k)), by option name.
+          type: dict
+          sample: {"min_acceptance_rate": 0.488, "min_mean_acceptance_length": 1.976, "min_speedup": null}
         passed:
           description: Same as the top-level C(passed).
           type: bool
@@ -347,75 +370,23 @@ ansible_facts:
           sample: "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.5 tok/s"
 """
 
-import hashlib
 import json
-import time
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils import spec_stats
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.prometheus_text import (
-    PrometheusParseError,
-    format_series,
-    parse,
-    series_key,
+from ansible.module_utils.chat_load import DEFAULT_PROMPTS, run_requests, workload, workload_digest
+from ansible.module_utils.spec_metrics import (
+    SpecMetricsError,
+    check_no_restart,
+    created_series,
+    per_request_counts,
+    scrape,
+    spec_series,
+    window_metrics,
 )
-from ansible.module_utils.vllm_api import (
-    AuthFailed,
-    HttpError,
-    VllmApiError,
-    check_healthy,
-    excerpt,
-    get_json,
-    get_text,
-    post_json,
-)
-
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
-MODEL_LABEL = "model_name"
-POSITION_LABEL = "position"
-
-# Ordinary chat requests of different kinds; never random tokens (their degenerate loops inflate acceptance).
-# Distinct, so that a gate that measures more (max_prompts) learns something from every one at temperature 0.
-DEFAULT_PROMPTS = (
-    "Explain what a hash table is and when you would use one, in three sentences.",
-    "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
-    "What causes the seasons on Earth? Answer for a curious twelve-year-old.",
-    "Summarize the plot of Romeo and Juliet in one short paragraph.",
-    "Give me five tips for writing clear git commit messages.",
-    "Translate into French: 'The train to Lyon leaves at half past eight from platform four.'",
-    "A shop sells pencils at 3 for 50 cents. How much do 18 pencils cost? Show your reasoning step by step.",
-    "Write a haiku about autumn rain on a city street.",
-    "Compare TCP and UDP in a short table with three rows.",
-    "Draft a polite email asking a colleague to review a pull request by Friday.",
-    "Write a SQL query that returns the ten customers with the highest total order value.",
-    "What is the difference between a process and a thread? Keep it under 100 words.",
-    "Explain photosynthesis as a short list of steps.",
-    "Suggest three names for a bakery that specialises in sourdough bread.",
-    "Write a bash one-liner that counts the lines of every .py file under the current directory.",
-    "Why does ice float on water?",
-    "Give a short recipe for a vegetarian lentil soup.",
-    "Explain the CAP theorem with one example for each trade-off.",
-    "Rewrite this sentence in plain English: 'We will leverage synergies to operationalise our roadmap.'",
-    "What were the main causes of the First World War? Answer in four bullet points.",
-    "Write a JavaScript function that debounces another function.",
-    "How do vaccines train the immune system? Explain simply.",
-    "List the planets of the solar system with one fact about each.",
-    "Write a limerick about a cat who learns to code.",
-    "What does a load balancer do, and what are two common algorithms it uses?",
-    "Convert 72 degrees Fahrenheit to Celsius and show the formula.",
-    "Give me a packing list for a three-day hiking trip.",
-    "Explain big-O notation with the examples of linear and binary search.",
-    "Write a short motivational message for a team before a product launch.",
-    "What is the difference between weather and climate?",
-    "Describe how HTTPS protects a connection, step by step.",
-    "Write a regular expression that matches an ISO 8601 date such as 2026-12-01, and explain it.",
-)
+from ansible.module_utils.spec_schedule import k_for_batch
+from ansible.module_utils.vllm_api import AuthFailed, VllmApiError, check_healthy, excerpt, get_json
 
 THRESHOLDS = (
     # (fact, option, has an interval)
@@ -423,136 +394,6 @@ THRESHOLDS = (
     ("mean_acceptance_length", "min_mean_acceptance_length", True),
     ("speedup", "min_speedup", False),
 )
-
-
-class SpecSmokeError(Exception):
-    """The window cannot be measured; str() is the one-line reason."""
-
-
-def _model_selector(samples, model, url):
-    """Predicate over spec-decode samples: the model's series, or all of them without a model_name label."""
-    spec = [sample for sample in samples if sample.name in SPEC_COUNTERS]
-    if not any(sample.name == DRAFTS for sample in spec):
-        raise SpecSmokeError(f"speculative decoding is not enabled on {url}: /metrics has no {DRAFTS}")
-    names = sorted({sample.labels[MODEL_LABEL] for sample in spec if MODEL_LABEL in sample.labels})
-    if names and model is not None and model not in names:
-        raise SpecSmokeError(
-            f"{url}/metrics has spec-decode counters for model_name {', '.join(names)} but none for {model}"
-        )
-    return lambda sample: model is None or sample.labels.get(MODEL_LABEL, model) == model
-
-
-def spec_series(samples, model=None, url="the server"):
-    """{series_key: value} of the spec-decode counters of `model`; raises SpecSmokeError when there are none.
-
-    `samples` come from prometheus_text.parse(); `model=None` takes every model_name.
-    """
-    keep = _model_selector(samples, model, url)
-    return {series_key(s): s.value for s in samples if s.name in SPEC_COUNTERS and keep(s)}
-
-
-def created_series(samples, model=None):
-    """{series_key of the counter: creation time} from the `_created` gauges of the spec-decode counters."""
-    created = {}
-    for counter in SPEC_COUNTERS:
-        gauge = counter[: -len("_total")] + "_created"
-        for sample in samples:
-            if sample.name == gauge and (model is None or sample.labels.get(MODEL_LABEL, model) == model):
-                created[(counter, tuple(sorted(sample.labels.items())))] = sample.value
-    return created
-
-
-def _show(key, value):
-    return f"{format_series(key[0], dict(key[1]))} {value:g}"
-
-
-def check_no_restart(before, after, created_before=None, created_after=None):
-    """Raise SpecSmokeError when a counter went down, or a counter was re-created, between two scrapes.
-
-    `before`/`after` are spec_series() results; a series missing from a scrape counts as 0 there.
-    """
-    backwards = []
-    for key in sorted(set(before) | set(after)):
-        old, new = before.get(key, 0.0), after.get(key, 0.0)
-        if new < old:
-            backwards.append(f"{_show(key, old)} -> {new:g}")
-    if backwards:
-        more = f" (and {len(backwards) - 1} more)" if len(backwards) > 1 else ""
-        raise SpecSmokeError(
-            f"spec-decode counters went backwards between scrapes (server restarted?): {backwards[0]}{more}"
-        )
-    created_before, created_after = created_before or {}, created_after or {}
-    recreated = [
-        key
-        for key in sorted(created_before)
-        if key in created_after and created_after[key] != created_before[key]
-    ]
-    if recreated:
-        key = recreated[0]
-        gauge = key[0][: -len("_total")] + "_created"
-        raise SpecSmokeError(
-            "spec-decode counters were re-created between scrapes (server restarted?): "
-            f"{format_series(gauge, dict(key[1]))} {created_before[key]:.3f} -> {created_after[key]:.3f}"
-        )
-
-
-def _total(series, name):
-    return sum(value for key, value in series.items() if key[0] == name)
-
-
-def _per_position(series):
-    positions = {}
-    for (name, labels), value in series.items():
-        labels = dict(labels)
-        if name == ACCEPTED_PER_POS and POSITION_LABEL in labels:
-            try:
-                position = int(labels[POSITION_LABEL])
-            except ValueError:
-                raise SpecSmokeError(
-                    f"{ACCEPTED_PER_POS} has a non-numeric position {labels[POSITION_LABEL]!r}"
-                ) from None
-            positions[position] = positions.get(position, 0.0) + value
-    return positions
-
-
-def _count(value):
-    return int(value) if float(value).is_integer() else value
-
-
-def window_metrics(before, after):
-    """Spec-decode figures of the window between two spec_series() results (counters summed over engines).
-
-    Checks for a restart first (check_no_restart without the _created gauges; main() adds those).
-    """
-    check_no_restart(before, after)
-    drafts = _total(after, DRAFTS) - _total(before, DRAFTS)
-    draft_tokens = _total(after, DRAFT_TOKENS) - _total(before, DRAFT_TOKENS)
-    accepted = _total(after, ACCEPTED) - _total(before, ACCEPTED)
-    pos_before, pos_after = _per_position(before), _per_position(after)
-    positions = range(max(set(pos_before) | set(pos_after), default=-1) + 1)
-    per_pos = [_count(pos_after.get(i, 0.0) - pos_before.get(i, 0.0)) for i in positions]
-    return {
-        "num_drafts": _count(drafts),
-        "num_draft_tokens": _count(draft_tokens),
-        "num_accepted_tokens": _count(accepted),
-        "num_accepted_tokens_per_pos": per_pos,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts > 0 else None,
-        "per_position_acceptance": [count / drafts for count in per_pos] if drafts > 0 else [],
-    }
-
-
-def per_request_counts(snapshots):
-    """[drafts, accepted] of each request from the spec_series() read before the first and after each."""
-    counts = []
-    for before, after in zip(snapshots, snapshots[1:]):
-        counts.append(
-            [
-                _count(_total(after, DRAFTS) - _total(before, DRAFTS)),
-                _count(_total(after, ACCEPTED) - _total(before, ACCEPTED)),
-            ]
-        )
-    return counts
 
 
 def throughput(completion_tokens, elapsed_s, baseline=None):
@@ -632,81 +473,11 @@ def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
     return True, reason
 
 
-def workload(items, count, start=0):
-    """The workload items sent, in order: `items` cycled, `count` of them from position `start`."""
-    return [items[i % len(items)] for i in range(start, start + count)]
-
-
 def chat_requests(params):
     """The workload as chat request bodies: O(requests), or one user message per prompt."""
     if params["requests"] is not None:
         return [dict(request) for request in params["requests"]]
     return [{"messages": [{"role": "user", "content": p}]} for p in params["prompts"] or DEFAULT_PROMPTS]
-
-
-def workload_digest(requests, max_tokens, temperature):
-    """sha256 of what is sent: each body with the module's defaults filled in, canonical JSON, in order."""
-    bodies = [{"max_tokens": max_tokens, "temperature": temperature, **request} for request in requests]
-    return hashlib.sha256(json.dumps(bodies, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
-    """One chat completion of a request body; return its usage.completion_tokens. Raises VllmApiError."""
-    payload = {
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        **request,
-        "model": model,
-        "stream": False,
-    }
-    status, body = post_json(url, payload, api_key=api_key, timeout=timeout)
-    usage = body.get("usage") if isinstance(body, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if not isinstance(tokens, int) or isinstance(tokens, bool):
-        raise HttpError(
-            f"POST {url} returned HTTP {status} without usage.completion_tokens: {excerpt(json.dumps(body))}",
-            url,
-            status,
-        )
-    return tokens
-
-
-def run_requests(
-    url, api_key, model, requests, max_tokens, temperature, concurrency, timeout, after_each=None
-):
-    """Send every request with `concurrency` threads; return (completion_tokens, elapsed_s, errors).
-
-    errors is a list of the VllmApiError of each failed request, in order. At concurrency 1, after_each()
-    (when given) is called after every request: the per-request counters are read there.
-    """
-
-    def one(request):
-        try:
-            return chat_once(url, api_key, model, request, max_tokens, temperature, timeout), None
-        except VllmApiError as exc:
-            return 0, exc
-
-    started = time.monotonic()
-    if concurrency == 1:
-        results = []
-        for request in requests:
-            results.append(one(request))
-            if after_each:
-                after_each()
-    else:
-        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
-            results = list(pool.map(one, requests))
-    elapsed = time.monotonic() - started
-    return sum(tokens for tokens, _error in results), elapsed, [error for _tokens, error in results if error]
-
-
-def scrape(base_url, api_key, timeout):
-    url = base_url + "/metrics"
-    _status, text = get_text(url, api_key=api_key, timeout=timeout)
-    try:
-        return parse(text)
-    except PrometheusParseError as exc:
-        raise SpecSmokeError(f"cannot parse {url}: {exc}") from None
 
 
 def first_model(base_url, api_key, timeout):
@@ -715,7 +486,7 @@ def first_model(base_url, api_key, timeout):
     data = body.get("data") if isinstance(body, dict) else None
     ids = [entry.get("id") for entry in data or [] if isinstance(entry, dict) and entry.get("id")]
     if not ids:
-        raise SpecSmokeError(f"{url} lists no model: {excerpt(json.dumps(body))}")
+        raise SpecMetricsError(f"{url} lists no model: {excerpt(json.dumps(body))}")
     return ids[0]
 
 
@@ -733,6 +504,8 @@ def validate(params):
         return f"temperature must be 0 or more, got {params['temperature']}"
     if not 0 < params["confidence"] < 1:
         return f"confidence must be between 0 and 1 (exclusive), got {params['confidence']}"
+    if params["floors_at_k"] is not None and params["floors_at_k"] < 1:
+        return f"floors_at_k must be at least 1, got {params['floors_at_k']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
         return f"baseline_tokens_per_second must be above 0, got {params['baseline_tokens_per_second']}"
     if params["prompts"] is not None and (
@@ -771,8 +544,53 @@ ARGUMENT_SPEC = dict(
     min_mean_acceptance_length=dict(type="float"),
     min_speedup=dict(type="float"),
     baseline_tokens_per_second=dict(type="float"),
+    speculative_config=dict(type="dict"),
+    floors_at_k=dict(type="int"),
     speculation=dict(type="bool", default=True),
 )
+
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
+def served_k(params):
+    """Tokens drafted at batch size `concurrency` under the speculative config; None without one."""
+    config = params["speculative_config"]
+    if not config or not config.get("num_speculative_tokens"):
+        return None
+    k = int(config["num_speculative_tokens"])
+    return k_for_batch(config.get(SCHEDULE_KEY), params["concurrency"], k)
+
+
+def floors(params, k):
+    """{option: floor} in force: as given, or converted from floors_at_k to the served k."""
+    thresholds = {option: params[option] for _fact, option, _has_interval in THRESHOLDS}
+    reference = params["floors_at_k"]
+    if reference and k and k != reference:
+        if thresholds["min_mean_acceptance_length"] is not None:
+            thresholds["min_mean_acceptance_length"] = round(
+                spec_stats.floor_at_k(thresholds["min_mean_acceptance_length"], reference, k), 4
+            )
+        if thresholds["min_acceptance_rate"] is not None:
+            thresholds["min_acceptance_rate"] = round(
+                spec_stats.rate_floor_at_k(thresholds["min_acceptance_rate"], reference, k), 4
+            )
+    return thresholds
+
+
+def drafted_as_configured(facts, k, params):
+    """One line when the server drafted another number of tokens than its config says at this
+    concurrency (checked at concurrency 1, or without a schedule, where the batch size is known)."""
+    if k is None or not facts["num_drafts"]:
+        return None
+    if params["concurrency"] > 1 and (params["speculative_config"] or {}).get(SCHEDULE_KEY):
+        return None
+    drafted = facts["num_draft_tokens"] / facts["num_drafts"]
+    if abs(drafted - k) > 1e-9:
+        return (
+            f"the server drafts {drafted:.2f} tokens per draft at concurrency {params['concurrency']}, "
+            f"where its speculative config says k={k}"
+        )
+    return None
 
 
 class Measurement:
@@ -783,6 +601,7 @@ class Measurement:
         params = module.params
         self.api_key, self.timeout = params["api_key"], params["timeout"]
         self.speculation = params["speculation"]
+        self.k = served_k(params)
         self.first = scrape(base_url, self.api_key, self.timeout)
         self.snapshots = [spec_series(self.first.samples, model, base_url)] if self.speculation else []
         self.per_request = params["concurrency"] == 1 and self.speculation
@@ -823,6 +642,10 @@ class Measurement:
             created_series(samples, self.model),
         )
         figures = window_metrics(self.snapshots[0], last)
+        if self.k is not None and figures["num_draft_tokens"] == self.k * figures["num_drafts"]:
+            # A schedule drafting fewer than num_speculative_tokens leaves the last positions at 0.
+            figures["num_accepted_tokens_per_pos"] = figures["num_accepted_tokens_per_pos"][: self.k]
+            figures["per_position_acceptance"] = figures["per_position_acceptance"][: self.k]
         counts = per_request_counts(self.snapshots) if self.per_request else []
         figures["per_request"] = counts
         figures["intervals"] = spec_stats.intervals(
@@ -854,7 +677,7 @@ def main():
         model = params["model"] or first_model(base_url, api_key, timeout)
         measured = Measurement(module, base_url, model)
         measured.round(sent_workload)
-    except (VllmApiError, SpecSmokeError) as exc:
+    except (VllmApiError, SpecMetricsError) as exc:
         module.fail_json(msg=str(exc))
 
     def figures():
@@ -893,11 +716,13 @@ def main():
         facts["passed"], facts["reason"] = True, reason
         module.exit_json(changed=False, passed=True, reason=reason, ansible_facts={"vllm_spec_smoke": facts})
 
+    thresholds = floors(params, measured.k)
+    facts.update(k=measured.k, floors=thresholds)
     rounds = 1
     while True:
         try:
             facts.update(measured.window())
-        except (VllmApiError, SpecSmokeError) as exc:
+        except (VllmApiError, SpecMetricsError) as exc:
             module.fail_json(msg=str(exc), ansible_facts={"vllm_spec_smoke": facts})
         if not facts["num_draft_tokens"]:
             module.fail_json(
@@ -907,20 +732,23 @@ def main():
                 ),
                 ansible_facts={"vllm_spec_smoke": facts},
             )
-        verdicts = judge(facts, params)
+        misdrafted = drafted_as_configured(facts, measured.k, params)
+        if misdrafted:
+            module.fail_json(msg=misdrafted, ansible_facts={"vllm_spec_smoke": facts})
+        verdicts = judge(facts, thresholds)
         undecided = "straddles" in verdicts.values() and "below" not in verdicts.values()
         if not undecided or measured.sent >= budget or measured.elapsed >= params["max_seconds"]:
             break
         more = workload(items, min(per_round, budget - measured.sent), start=measured.sent)
         try:
             measured.round(more)
-        except (VllmApiError, SpecSmokeError) as exc:
+        except (VllmApiError, SpecMetricsError) as exc:
             module.fail_json(msg=str(exc), ansible_facts={"vllm_spec_smoke": facts})
         sent_workload += more
         rounds += 1
         facts.update(figures())
 
-    passed, reason = evaluate(facts, params, verdicts)
+    passed, reason = evaluate(facts, thresholds, verdicts)
     facts.update(verdicts=verdicts, rounds=rounds, passed=passed, reason=reason)
     result = dict(changed=False, passed=passed, reason=reason, ansible_facts={"vllm_spec_smoke": facts})
     if not passed:

@@ -24,6 +24,8 @@ __all__ = [
     "mean_length_interval",
     "intervals",
     "verdict",
+    "floor_at_k",
+    "rate_floor_at_k",
 ]
 
 
@@ -146,3 +148,30 @@ def verdict(interval, floor):
     if high < floor:
         return "below"
     return "straddles"
+
+
+def _geometric_sum(alpha, k):
+    return sum(alpha**i for i in range(1, k + 1))
+
+
+def floor_at_k(mean_length_floor, reference_k, k):
+    """The mean acceptance length floor for a draft of k tokens that means what `mean_length_floor`
+    means at `reference_k`: the same drafter quality, taken as a per-position acceptance that decays
+    geometrically (position i accepted with probability alpha^(i+1), alpha solved from the floor at
+    reference_k). 2.2 at k=3 (alpha 0.607) is 1.61 at k=1, 1.98 at k=2 and 2.34 at k=4."""
+    if reference_k < 1 or k < 1:
+        raise ValueError(f"k must be at least 1, got reference_k={reference_k}, k={k}")
+    if not 1 <= mean_length_floor <= 1 + reference_k:
+        raise ValueError(f"a mean acceptance length floor at k={reference_k} lies in [1, {1 + reference_k}]")
+    target = mean_length_floor - 1
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: the sum grows with alpha
+        middle = (low + high) / 2
+        low, high = (middle, high) if _geometric_sum(middle, reference_k) < target else (low, middle)
+    return 1 + _geometric_sum((low + high) / 2, k)
+
+
+def rate_floor_at_k(rate_floor, reference_k, k):
+    """The acceptance-rate floor at k for `rate_floor` at `reference_k`, by the same model:
+    (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k."""
+    return (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k

@@ -14,6 +14,7 @@ talking to its own server must not send the request (and the API key) through a 
 import ipaddress
 import json
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +32,7 @@ __all__ = [
     "get_text",
     "get_json",
     "post_json",
+    "post_stream",
     "check_healthy",
     "excerpt",
 ]
@@ -163,6 +165,37 @@ def post_json(url, payload, api_key=None, timeout=30.0):
     """POST `payload` as JSON to `url`; return (status, decoded JSON body)."""
     status, body = request("POST", url, api_key=api_key, payload=payload, timeout=timeout)
     return status, _json_body("POST", url, status, body)
+
+
+def post_stream(url, payload, api_key=None, timeout=30.0):
+    """POST `payload` with "stream": true; yield (time.monotonic(), event) for each server-sent JSON event.
+
+    The events of an OpenAI-style stream (``data: {...}`` lines, ended by ``data: [DONE]``); `timeout`
+    bounds every read, not the whole stream.
+    """
+    headers = {"User-Agent": USER_AGENT, "Accept": "text/event-stream", "Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(dict(payload, stream=True)).encode("utf-8")
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with _opener(url).open(req, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                body = line[len("data:") :].strip()
+                if body == "[DONE]":
+                    return
+                yield time.monotonic(), _json_body("POST", url, response.status, body)
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read().decode("utf-8", errors="replace")
+        except (OSError, HTTPException):
+            body = ""
+        raise _http_error("POST", url, exc.code, body, bool(api_key)) from None
+    except (urllib.error.URLError, OSError, HTTPException) as exc:
+        raise ServerUnreachable(f"cannot reach {url}: {_reason(exc, timeout)}", url) from None
 
 
 def check_healthy(base_url, api_key=None, timeout=30.0):

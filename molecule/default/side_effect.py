@@ -1,8 +1,15 @@
-"""The user's own `--tags nccl_tune` command lines against the converged box, checked on their
-structured results; testinfra (tests/) then checks the box itself."""
+"""The user's own `--tags nccl_tune` and `--tags spec_tune` command lines against the converged box,
+checked on their structured results; testinfra (tests/) then checks the box itself."""
+
+import json
+import re
+
+from ansible.module_utils.spec_schedule import k_for_batch
 
 DRIVER_FILE = "/usr/local/share/sim-nvidia-smi/driver-version"
 TUNE = ("--tags", "nccl_tune")
+SPEC_TUNE = ("--tags", "spec_tune")
+TRIAL = {"role": "vllm_service", "file": "vllm_service/tasks/trial.yml", "action": "systemd_service"}
 
 
 def nccl_choice(run, host):
@@ -13,6 +20,82 @@ def nccl_choice(run, host):
 
 def unit_environment(scenario):
     return scenario.box.out("systemctl show vllm --property=Environment --value")
+
+
+def served_speculative_config(scenario):
+    """The --speculative-config JSON of the serving unit's ExecStart ({} without one)."""
+    unit = scenario.box.out("cat /etc/systemd/system/vllm.service")
+    found = re.search(r"--speculative-config '([^']*)'", unit)
+    return json.loads(found.group(1)) if found else {}
+
+
+def trial_starts(run, host):
+    return [r for r in run.ran(host=host, **TRIAL) if r.result.get("state") == "started" and r.changed]
+
+
+def spec_tune_facts(run, host, file="spec_tune/tasks/main.yml"):
+    """The facts of the run's last spec_tune call: the record after a measurement, else the read."""
+    return run.ran(host=host, role="spec_tune", file=file, action="spec_tune")[-1].facts["spec_tune"]
+
+
+def tune_speculation(scenario):
+    host = scenario.host
+    # While the box serves, the tuner's server starts would take it out of service: refused in one line.
+    busy = scenario.play("deploy.yml", *SPEC_TUNE)
+    assert not busy.ok and busy.changed(host) == 0, str(busy)
+    assert any(
+        f"vllm serves on {host}: measuring speculation restarts the server 3 times (k = 0..2)" in message
+        and "spec_tune_take_out_of_service=true" in message
+        for message in busy.failures(host)
+    ), str(busy)
+    assert not trial_starts(busy, host), str(busy)
+    assert scenario.box.out("systemctl is-active vllm").strip() == "active"
+
+    # Let it take the box out of service: k = 0, 1, 2 each on a trial unit, the table kept, the serving
+    # unit back with the choice, and the gate judging it at the k served at its concurrency.
+    tuned = scenario.play("deploy.yml", *SPEC_TUNE, "-e", "spec_tune_take_out_of_service=true")
+    assert tuned.ok, str(tuned)
+    assert len(trial_starts(tuned, host)) == 3, str(tuned)
+    measures = tuned.ran(host=host, role="spec_tune", file="spec_tune/tasks/trial.yml", action="spec_tune")
+    assert [r.result["rows"][0]["k"] for r in measures] == [0, 1, 2], str(tuned)
+    facts = spec_tune_facts(tuned, host)
+    assert facts["source"] == "measured", facts
+    assert sorted((row["k"], row["concurrency"]) for row in facts["table"]) == [
+        (k, c) for k in (0, 1, 2) for c in (1, 2, 4)
+    ], facts["table"]
+    assert all(row["tokens_per_second"] > 0 and row["inter_token_latency_ms"] > 0 for row in facts["table"])
+    # The drafter proposes the same first tokens at every k: k=2's positions predict k=1 (greedy).
+    assert [p["k"] for p in facts["predicted"]] == [1, 2], facts["predicted"]
+    assert facts["identity"]["drafter_release"] and facts["identity"]["vllm_version"] == "0.32.0"
+    assert facts["cost"]["server_starts"] == 3, facts["cost"]
+    config = served_speculative_config(scenario)
+    assert config == facts["speculative_config"], (config, facts["speculative_config"])
+    assert not scenario.box.exists("/run/systemd/system/vllm-trial.service")
+    assert scenario.box.out("systemctl is-active vllm").strip() == "active"
+    if config:
+        smoke = tuned.one(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
+        gate = smoke.facts["vllm_spec_smoke"]
+        schedule = config.get("num_speculative_tokens_per_batch_size")
+        assert gate["k"] == k_for_batch(schedule, 1, config["num_speculative_tokens"]) in (1, 2), gate
+        # The server drafted exactly k at batch 1 (the gate checks it), against the floor for that k.
+        assert gate["num_draft_tokens"] == gate["k"] * gate["num_drafts"], gate
+        assert gate["floors"]["min_mean_acceptance_length"] == {1: 1.6073, 2: 1.9761}[gate["k"]], gate
+        assert gate["passed"], gate
+
+    # Nothing changed on the box since: the kept table is used, no server starts, nothing changes.
+    again = scenario.play("deploy.yml", *SPEC_TUNE)
+    assert again.ok and again.changed(host) == 0, str(again)
+    assert spec_tune_facts(again, host)["source"] == "kept"
+    assert not trial_starts(again, host), str(again)
+
+    # New weights re-score the kept table without measuring (check mode: what would serve).
+    rescored = scenario.play("deploy.yml", *SPEC_TUNE, "-e", "spec_tune_output=single", "--check")
+    assert rescored.ok, str(rescored)
+    read = rescored.one(host=host, role="spec_tune", file="spec_tune/tasks/main.yml", action="spec_tune")
+    assert read.changed and not read.result["measurement_due"], read.result
+    choice = read.facts["spec_tune"]["choice"]
+    assert choice["schedule"] is None and "scores" in choice, choice
+    assert not trial_starts(rescored, host), str(rescored)
 
 
 def side_effect(scenario):
@@ -70,3 +153,5 @@ def side_effect(scenario):
     # A plain deploy keeps the measured environment: nothing changes.
     deploy = scenario.play("deploy.yml")
     assert deploy.ok and deploy.changed(host) == 0, str(deploy)
+
+    tune_speculation(scenario)

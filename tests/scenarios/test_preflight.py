@@ -10,6 +10,7 @@ from driver import ROOT, Box, podman, run_playbook, ssh_inventory
 BOX = "specfleet-preflight"
 HOST = "sim-gpu-box"  # the embedded default's box, here in a container of its own
 IMAGE = "localhost/specfleet-simbox:bookworm"
+SPECULATORS_DRAFTER = ROOT / "tests/fixtures/drafters/nm-testing-llama3.1-8b-speculators"
 # The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
 pytestmark = pytest.mark.xdist_group("preflight")
 
@@ -81,6 +82,21 @@ def assert_stopped_untouched(run, box, reason):
             ["-e", '{"eagle3_drafter_speculative_extra": {"bogus_key": 1, "prompt_lookup_max": 4}}'],
             "speculative config key(s) bogus_key unknown to vLLM 0.32.0",
         ),
+        # A real speculators-format config, trained for 5 tokens.
+        (
+            ["-e", f"eagle3_drafter_source={SPECULATORS_DRAFTER}", "-e", "spec_tune_max_k=6"],
+            "k=6 (eagle3_drafter_num_speculative_tokens, spec_tune_max_k) is above the 5 tokens the drafter "
+            "was trained for",
+        ),
+        (
+            ["-e", "spec_tune_output=schedule", "-e", "vllm_version=0.17.1"],
+            "spec_tune_output=schedule needs num_speculative_tokens_per_batch_size, which vLLM has from "
+            "0.24.0",
+        ),
+        (
+            ["-e", "spec_tune_max_concurrency=512"],
+            "spec_tune_max_concurrency=512 is above the server's max_num_seqs 8",
+        ),
     ],
     ids=[
         "no-nvidia-smi",
@@ -92,6 +108,9 @@ def assert_stopped_untouched(run, box, reason):
         "wrong-type",
         "port-range",
         "speculative-key",
+        "k-above-trained",
+        "schedule-needs-0.24",
+        "tuner-concurrency",
     ],
 )
 def test_bad_input_stops_in_preflight(box, deploy, extra_vars, reason):

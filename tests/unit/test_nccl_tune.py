@@ -20,6 +20,7 @@ import gpu_topology
 import nccl_tune
 import pytest
 from ansible.module_utils import nccl_scoring
+from ansible.module_utils.kept_measurement import changed_fields
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -196,8 +197,9 @@ def test_summary_marks_the_winner():
 def test_changed_fields_name_what_changed():
     kept = {"driver": "575.57.08", "nccl": "2.27.3", "topology": "a", "gpus": ["x"]}
     now = {"driver": "580.159.04", "nccl": "2.27.3", "topology": "b", "gpus": ["x"]}
-    assert nccl_tune.changed_fields(kept, now) == ["driver 575.57.08 -> 580.159.04", "topology changed"]
-    assert nccl_tune.changed_fields(now, now) == []
+    changes = changed_fields(kept, now, nccl_tune.SUMMARIZED)
+    assert changes == ["driver 575.57.08 -> 580.159.04", "topology changed"]
+    assert changed_fields(now, now) == []
 
 
 def test_the_file_kept_on_a_real_box_reads_back_without_python():

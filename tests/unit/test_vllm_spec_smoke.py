@@ -1,4 +1,5 @@
-"""Unit tests for library/vllm_spec_smoke.py and module_utils/vllm_api.py.
+"""Unit tests for library/vllm_spec_smoke.py and what it reads with: module_utils/vllm_api.py,
+spec_metrics.py (the counters' window) and chat_load.py (the workload and its requests).
 
 The arithmetic runs on real vLLM 0.32.0 /metrics captures (tests/fixtures/metrics/README.md says how each
 was made); main() runs end to end against an in-process HTTP server that replays those captures (first
@@ -16,8 +17,8 @@ import types
 
 import pytest
 import vllm_spec_smoke as smoke
+from ansible.module_utils import chat_load, spec_metrics, vllm_api
 from ansible.module_utils import prometheus_text as pt
-from ansible.module_utils import vllm_api
 from ansible.module_utils.testing import patch_module_args
 
 ENGINE_ERROR = (
@@ -37,11 +38,11 @@ def samples(name):
 
 
 def series(name, model="tiny"):
-    return smoke.spec_series(samples(name), model, URL)
+    return spec_metrics.spec_series(samples(name), model, URL)
 
 
 def window(before, after, model="tiny"):
-    return smoke.window_metrics(series(before, model), series(after, model))
+    return spec_metrics.window_metrics(series(before, model), series(after, model))
 
 
 def without_lines(text, *needles):
@@ -121,7 +122,7 @@ def test_accepting_window_matches_vllms_own_log_line():
 
 def test_random_totals_match_vllms_own_log_line():
     # The first log line covers the server's life up to then: the totals of the after capture.
-    facts = smoke.window_metrics({}, series("eagle3-random-after.txt"))
+    facts = spec_metrics.window_metrics({}, series("eagle3-random-after.txt"))
     assert as_log(facts) == log_line("eagle3-random-log.txt", 0)
     assert facts["num_draft_tokens"] == 462
 
@@ -146,14 +147,18 @@ def test_position_missing_from_the_first_scrape_counts_as_zero():
     assert facts["per_position_acceptance"] == [1.0, 1.0, 1.0]
     # Position 2 missing before the window, where the real capture says 8: counted as 0, so (40 - 0) / 32.
     before = pt.parse(without_lines(capture("eagle3-accept-before.txt"), (PER_POS, 'position="2"'))).samples
-    facts = smoke.window_metrics(smoke.spec_series(before, "tiny"), series("eagle3-accept-after.txt"))
+    facts = spec_metrics.window_metrics(
+        spec_metrics.spec_series(before, "tiny"), series("eagle3-accept-after.txt")
+    )
     assert facts["per_position_acceptance"] == [1.0, 1.0, 1.25]
 
 
 def test_position_missing_from_the_second_scrape_is_a_restart():
     after = pt.parse(without_lines(capture("eagle3-accept-after.txt"), (PER_POS, 'position="1"'))).samples
-    with pytest.raises(smoke.SpecSmokeError) as caught:
-        smoke.window_metrics(series("eagle3-accept-before.txt"), smoke.spec_series(after, "tiny"))
+    with pytest.raises(spec_metrics.SpecMetricsError) as caught:
+        spec_metrics.window_metrics(
+            series("eagle3-accept-before.txt"), spec_metrics.spec_series(after, "tiny")
+        )
     assert str(caught.value) == (
         "spec-decode counters went backwards between scrapes (server restarted?): "
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"} 8 -> 0'
@@ -163,12 +168,14 @@ def test_position_missing_from_the_second_scrape_is_a_restart():
 def test_positions_missing_from_both_scrapes_are_zero():
     text = without_lines(capture("eagle3-accept-after.txt"), (PER_POS, 'position="1"'))
     before = pt.parse(without_lines(capture("eagle3-accept-before.txt"), (PER_POS, 'position="1"'))).samples
-    facts = smoke.window_metrics(smoke.spec_series(before, "tiny"), smoke.spec_series(pt.parse(text).samples))
+    facts = spec_metrics.window_metrics(
+        spec_metrics.spec_series(before, "tiny"), spec_metrics.spec_series(pt.parse(text).samples)
+    )
     assert facts["per_position_acceptance"] == [1.0, 0.0, 1.0]
 
 
 def test_counter_reset_is_detected():
-    with pytest.raises(smoke.SpecSmokeError) as caught:
+    with pytest.raises(spec_metrics.SpecMetricsError) as caught:
         window("eagle3-accept-after.txt", "variant-restarted-low.txt")
     assert str(caught.value) == (
         "spec-decode counters went backwards between scrapes (server restarted?): "
@@ -179,15 +186,18 @@ def test_counter_reset_is_detected():
 
 def test_recreated_counters_are_detected_from_created_gauges():
     before, after = samples("eagle3-accept-before.txt"), samples("variant-restarted-high.txt")
-    before_series, after_series = smoke.spec_series(before, "tiny"), smoke.spec_series(after, "tiny")
+    before_series, after_series = (
+        spec_metrics.spec_series(before, "tiny"),
+        spec_metrics.spec_series(after, "tiny"),
+    )
     # The counters alone went up (8 -> 40): only the _created gauges tell the restart.
-    assert smoke.window_metrics(before_series, after_series)["num_drafts"] == 32
-    with pytest.raises(smoke.SpecSmokeError) as caught:
-        smoke.check_no_restart(
+    assert spec_metrics.window_metrics(before_series, after_series)["num_drafts"] == 32
+    with pytest.raises(spec_metrics.SpecMetricsError) as caught:
+        spec_metrics.check_no_restart(
             before_series,
             after_series,
-            smoke.created_series(before, "tiny"),
-            smoke.created_series(after, "tiny"),
+            spec_metrics.created_series(before, "tiny"),
+            spec_metrics.created_series(after, "tiny"),
         )
     assert str(caught.value) == (
         "spec-decode counters were re-created between scrapes (server restarted?): "
@@ -195,11 +205,11 @@ def test_recreated_counters_are_detected_from_created_gauges():
         " 1795962182.804 -> 1795962482.804"
     )
     # Same process on both sides: the _created gauges agree, nothing is raised.
-    smoke.check_no_restart(
+    spec_metrics.check_no_restart(
         series("eagle3-accept-before.txt"),
         series("eagle3-accept-after.txt"),
-        smoke.created_series(samples("eagle3-accept-before.txt"), "tiny"),
-        smoke.created_series(samples("eagle3-accept-after.txt"), "tiny"),
+        spec_metrics.created_series(samples("eagle3-accept-before.txt"), "tiny"),
+        spec_metrics.created_series(samples("eagle3-accept-after.txt"), "tiny"),
     )
 
 
@@ -210,8 +220,8 @@ def test_created_gauges_are_not_counted_as_counters():
 
 
 def test_no_spec_counters_message():
-    with pytest.raises(smoke.SpecSmokeError) as caught:
-        smoke.spec_series(samples("no-spec.txt"), 'tiny "base" C:\\models\nno-spec', URL)
+    with pytest.raises(spec_metrics.SpecMetricsError) as caught:
+        spec_metrics.spec_series(samples("no-spec.txt"), 'tiny "base" C:\\models\nno-spec', URL)
     assert str(caught.value) == (
         "speculative decoding is not enabled on http://127.0.0.1:18234: "
         "/metrics has no vllm:spec_decode_num_drafts_total"
@@ -219,8 +229,8 @@ def test_no_spec_counters_message():
 
 
 def test_other_model_name_is_refused():
-    with pytest.raises(smoke.SpecSmokeError) as caught:
-        smoke.spec_series(samples("eagle3-accept-after.txt"), "kimi", URL)
+    with pytest.raises(spec_metrics.SpecMetricsError) as caught:
+        spec_metrics.spec_series(samples("eagle3-accept-after.txt"), "kimi", URL)
     assert str(caught.value) == (
         "http://127.0.0.1:18234/metrics has spec-decode counters for model_name tiny but none for kimi"
     )
@@ -234,10 +244,12 @@ def test_model_name_filter_and_unlabelled_counters():
         if line.startswith("vllm:spec_decode_")
     )
     mixed = pt.parse(text + other + "\n").samples
-    assert smoke.window_metrics({}, smoke.spec_series(mixed, "tiny"))["num_drafts"] == 40
-    assert smoke.window_metrics({}, smoke.spec_series(mixed, None))["num_drafts"] == 80
+    assert spec_metrics.window_metrics({}, spec_metrics.spec_series(mixed, "tiny"))["num_drafts"] == 40
+    assert spec_metrics.window_metrics({}, spec_metrics.spec_series(mixed, None))["num_drafts"] == 80
     unlabelled = pt.parse(text.replace(',model_name="tiny"', "")).samples
-    assert smoke.window_metrics({}, smoke.spec_series(unlabelled, "any-model"))["num_drafts"] == 40
+    assert (
+        spec_metrics.window_metrics({}, spec_metrics.spec_series(unlabelled, "any-model"))["num_drafts"] == 40
+    )
 
 
 # --- thresholds, reasons, speedup -------------------------------------------------------------------------
@@ -300,12 +312,12 @@ def test_throughput_and_speedup():
 
 
 def test_workload_cycles_through_the_prompts():
-    assert smoke.workload(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
-    assert smoke.workload(list(smoke.DEFAULT_PROMPTS), 8) == list(smoke.DEFAULT_PROMPTS[:8])
+    assert chat_load.workload(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+    assert chat_load.workload(list(chat_load.DEFAULT_PROMPTS), 8) == list(chat_load.DEFAULT_PROMPTS[:8])
 
 
 def test_default_prompts_are_varied_chat_prompts():
-    prompts = smoke.DEFAULT_PROMPTS
+    prompts = chat_load.DEFAULT_PROMPTS
     assert len(prompts) >= 8
     assert len(set(prompts)) == len(prompts)
     assert all(len(prompt.split()) >= 5 for prompt in prompts)
@@ -469,7 +481,7 @@ def serve():
 def fixed_clock(monkeypatch):
     """The request phase takes exactly 2.0 s, so tokens_per_second is exact."""
     ticks = iter([100.0, 102.0])
-    monkeypatch.setattr(smoke, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(chat_load, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
 
 
 def facts_of(result):
@@ -497,8 +509,8 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "acceptance_rate": [pytest.approx(0.9406, abs=1e-4), 1.0],
         "per_position_acceptance": [[pytest.approx(0.8928, abs=1e-4), 1.0]] * 3,
     }
-    digest = smoke.workload_digest(
-        [{"messages": [{"role": "user", "content": p}]} for p in smoke.DEFAULT_PROMPTS[:8]], 64, 0.0
+    digest = chat_load.workload_digest(
+        [{"messages": [{"role": "user", "content": p}]} for p in chat_load.DEFAULT_PROMPTS[:8]], 64, 0.0
     )
     assert facts == {
         "base_url": url,
@@ -522,6 +534,8 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "per_position_acceptance": [1.0, 1.0, 1.0],
         "num_accepted_tokens_per_pos": [32, 32, 32],
         "workload_digest": digest,
+        "k": None,
+        "floors": {"min_acceptance_rate": None, "min_mean_acceptance_length": None, "min_speedup": None},
         "verdicts": {},
         "rounds": 1,
         "passed": True,
@@ -540,7 +554,7 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
             "temperature": 0.0,
             "stream": False,
         }
-        for prompt in smoke.DEFAULT_PROMPTS[:8]
+        for prompt in chat_load.DEFAULT_PROMPTS[:8]
     ]
     assert all(auth is None for _method, _path, auth, _body in fake.calls)
 
@@ -594,13 +608,56 @@ def test_main_runs_in_check_mode(serve, run_module):
     assert facts_of(result)["mean_acceptance_length"] == 4.0
 
 
+def test_served_k_and_the_floors_at_it():
+    params = {"speculative_config": None, "concurrency": 1, "floors_at_k": 3}
+    params.update(min_acceptance_rate=0.4, min_mean_acceptance_length=2.2, min_speedup=None)
+    assert smoke.served_k(params) is None
+    assert smoke.floors(params, None)["min_mean_acceptance_length"] == 2.2
+    params["speculative_config"] = {
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 1], [2, 8, 3]],
+    }
+    assert smoke.served_k(params) == 1
+    assert smoke.floors(params, 1) == {
+        "min_acceptance_rate": 0.6073,
+        "min_mean_acceptance_length": 1.6073,
+        "min_speedup": None,
+    }
+    assert smoke.served_k(dict(params, concurrency=4)) == 3
+    assert smoke.floors(dict(params, floors_at_k=None), 1)["min_mean_acceptance_length"] == 2.2
+
+
+def test_a_schedule_that_did_not_take_fails_the_gate(serve, run_module, monkeypatch):
+    """The real capture drafted 3 tokens per draft; a config that says 1 at batch size 1 did not take."""
+
+    def gate(schedule):
+        ticks = iter([100.0, 102.0])
+        monkeypatch.setattr(chat_load, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
+        url = serve(FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"]))
+        config = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": schedule}
+        args = {"base_url": url, "speculative_config": config, "floors_at_k": 3}
+        return run_module(smoke, dict(args, min_mean_acceptance_length=2.2))
+
+    result = gate([[1, 1, 1], [2, 8, 3]])
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "the server drafts 3.00 tokens per draft at concurrency 1, where its speculative config says k=1"
+    )
+    # Where the config says 3, the same window passes, against the floor as stated.
+    passed = gate([[1, 8, 3]])
+    assert passed["passed"] is True, passed
+    assert facts_of(passed)["k"] == 3 and facts_of(passed)["floors"]["min_mean_acceptance_length"] == 2.2
+
+
 def test_main_speedup_pass_and_fail(serve, run_module, monkeypatch):
     for baseline, passed, reason_end in [
         (128.0, True, "256.0 tok/s, speedup 2.00x"),
         (512.0, False, None),
     ]:
         ticks = iter([100.0, 102.0])
-        monkeypatch.setattr(smoke, "time", types.SimpleNamespace(monotonic=lambda ticks=ticks: next(ticks)))
+        monkeypatch.setattr(
+            chat_load, "time", types.SimpleNamespace(monotonic=lambda ticks=ticks: next(ticks))
+        )
         url = serve(FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"]))
         result = run_module(
             smoke, {"base_url": url, "baseline_tokens_per_second": baseline, "min_speedup": 1.5}
@@ -734,7 +791,7 @@ def test_main_no_draft_tokens(serve, run_module):
 
 
 def test_main_counts_failed_requests(serve, run_module):
-    failing = smoke.DEFAULT_PROMPTS[3]
+    failing = chat_load.DEFAULT_PROMPTS[3]
     fake = FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"], fail_prompts=[failing])
     url = serve(fake)
     result = run_module(smoke, {"base_url": url, "concurrency": 8})
@@ -862,7 +919,7 @@ def test_documentation_matches_the_argument_spec_and_the_facts():
         "completion_tokens", "elapsed_s", "tokens_per_second", "baseline_tokens_per_second", "speedup",
         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_acceptance_length",
         "per_position_acceptance", "passed", "reason", "num_accepted_tokens_per_pos", "intervals",
-        "per_request", "verdicts", "rounds", "workload_digest",
+        "per_request", "verdicts", "rounds", "workload_digest", "k", "floors",
     }  # fmt: skip
     assert set(returned) == fact_keys
     assert isinstance(yaml.safe_load(smoke.EXAMPLES), list)
@@ -940,7 +997,7 @@ def test_straddling_interval_measures_more_until_it_clears_the_floor(serve, run_
     assert facts["verdicts"] == {"min_mean_acceptance_length": "above"}
     # Each round takes the next prompts of the workload: none is sent twice.
     sent = [chat["messages"][0]["content"] for chat in fake.chats()]
-    assert sent == list(smoke.DEFAULT_PROMPTS[: len(sent)])
+    assert sent == list(chat_load.DEFAULT_PROMPTS[: len(sent)])
 
 
 def test_interval_still_straddling_when_the_budget_is_spent_fails(serve, run_module):
@@ -971,7 +1028,7 @@ def test_interval_below_the_floor_fails_at_once(serve, run_module):
 
 def test_a_budget_in_seconds_stops_further_rounds(serve, run_module):
     fake = CountingVllm([GOOD, POOR])
-    fake.slow_prompts, fake.delay = set(smoke.DEFAULT_PROMPTS), 0.3
+    fake.slow_prompts, fake.delay = set(chat_load.DEFAULT_PROMPTS), 0.3
     # Without the time budget this takes three rounds (the test above).
     args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "max_seconds": 1}
     result = run_module(smoke, dict(args, min_mean_acceptance_length=2.6))
@@ -1001,8 +1058,8 @@ def test_operator_requests_are_the_workload(serve, run_module):
     ]
     assert all(c["model"] == "tiny" and c["stream"] is False for c in sent)
     digest = facts_of(result)["workload_digest"]
-    assert digest == smoke.workload_digest((requests * 2)[:3], 64, 0.0)
-    assert digest != smoke.workload_digest((requests * 2)[:3], 32, 0.0)
+    assert digest == chat_load.workload_digest((requests * 2)[:3], 64, 0.0)
+    assert digest != chat_load.workload_digest((requests * 2)[:3], 32, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -1026,4 +1083,4 @@ def test_prompts_and_requests_are_exclusive(run_module):
 
 
 def test_built_in_prompts_are_distinct_enough_for_a_budget():
-    assert len(set(smoke.DEFAULT_PROMPTS)) == len(smoke.DEFAULT_PROMPTS) == 32
+    assert len(set(chat_load.DEFAULT_PROMPTS)) == len(chat_load.DEFAULT_PROMPTS) == 32

@@ -92,3 +92,15 @@ def test_server_survives_a_request_for_logprobs(host):
     assert len(json.loads(body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
     assert chat(host).strip()
     assert http(host, "/health")[0] == 200
+
+
+def test_speculation_table_is_kept_with_its_identity(host):
+    kept = json.loads(host.file("/var/lib/specfleet/spec_tune.json").content_string)
+    assert kept["measured_at"].startswith("20")
+    identity = kept["identity"]
+    current = host.file("/srv/drafters/current").linked_to
+    assert identity["drafter_release"] == current.rsplit("/", 1)[-1]
+    assert identity["vllm_version"] == "0.32.0" and identity["driver"] == "575.57.08"
+    assert len(identity["gpus"]) == 8 and len(identity["workload"]) == 64
+    assert {row["k"] for row in kept["rows"]} == {0, 1, 2}
+    assert not host.file("/run/systemd/system/vllm-trial.service").exists

@@ -1,0 +1,299 @@
+"""Unit tests for library/spec_tune.py's read and record steps and its scorer (module_utils/spec_schedule.py),
+and the gate's floors at any k (module_utils/spec_stats.py floor_at_k). The measure step runs against the real
+server in the spec_tune molecule scenario.
+
+The GPUs are simulated at the edge: the sim box's nvidia-smi over a real capture."""
+
+import json
+import shutil
+
+import pytest
+import spec_tune
+from ansible.module_utils import spec_schedule, spec_stats
+from conftest import REPO
+
+FIXTURES = REPO / "tests" / "fixtures"
+DRIVER = "575.57.08"
+
+
+def rows(speeds):
+    """Table rows from {concurrency: [tokens/s at k=0, k=1, ...]}."""
+    return [
+        {"k": k, "concurrency": c, "tokens_per_second": speed, "inter_token_latency_ms": 1000 * c / speed}
+        for c, by_k in speeds.items()
+        for k, speed in enumerate(by_k)
+    ]
+
+
+# Speculation pays at low concurrency and costs at high (the shape published deployments report).
+CROSSOVER = {
+    1: [100, 160, 190, 200],
+    2: [190, 280, 300, 290],
+    4: [360, 400, 380, 350],
+    8: [650, 600, 540, 480],
+}
+
+
+# --- the scorer -----------------------------------------------------------------------------------
+
+
+def test_best_k_per_concurrency_needs_the_min_gain_over_speculation_off():
+    chosen = spec_schedule.best_k_per_concurrency(rows(CROSSOVER), min_gain=0.05)
+    assert {c: k for c, (k, _gain) in chosen.items()} == {1: 3, 2: 2, 4: 1, 8: 0}
+    assert chosen[1][1] == pytest.approx(2.0)
+    # 400 / 360 = 1.11: under a 12% floor speculation stays off at 4.
+    assert spec_schedule.best_k_per_concurrency(rows(CROSSOVER), min_gain=0.12)[4] == (0, 1.0)
+
+
+def test_schedule_ranges_start_at_1_end_at_max_num_seqs_and_merge_neighbours():
+    assert spec_schedule.schedule_ranges({1: 3, 2: 2, 4: 1, 8: 0}, 256) == [
+        [1, 1, 3],
+        [2, 3, 2],
+        [4, 7, 1],
+        [8, 256, 0],
+    ]
+    assert spec_schedule.schedule_ranges({1: 3, 2: 3, 4: 1, 8: 1}, 64) == [[1, 3, 3], [4, 64, 1]]
+    with pytest.raises(spec_schedule.ScheduleError, match="concurrency 8 measured is above max_num_seqs 4"):
+        spec_schedule.schedule_ranges({1: 3, 8: 1}, 4)
+
+
+def test_k_for_batch_reads_a_schedule_as_vllm_expands_it():
+    schedule = [[1, 1, 3], [2, 3, 2], [8, 256, 0]]
+    assert [spec_schedule.k_for_batch(schedule, b, 3) for b in (1, 2, 3, 5, 8, 300)] == [3, 2, 2, 2, 0, 0]
+    assert spec_schedule.k_for_batch(None, 4, 3) == 3
+    assert spec_schedule.k_for_batch([[1, 256, 5]], 1, 3) == 3  # vLLM caps k at num_speculative_tokens
+
+
+def test_choose_a_schedule():
+    choice = spec_schedule.choose(rows(CROSSOVER), "schedule", 256, 0.05)
+    assert choice["speculation"] is True
+    assert choice["num_speculative_tokens"] == 3
+    assert choice["schedule"] == [[1, 1, 3], [2, 3, 2], [4, 7, 1], [8, 256, 0]]
+    assert choice["reason"] == "schedule 1-1: k=3, 2-3: k=2, 4-7: k=1, 8-256: k=0 (batch size: k)"
+    spec_schedule.check_schedule(choice["schedule"], choice["num_speculative_tokens"])
+
+
+def test_one_range_needs_no_schedule_and_no_gain_at_1_turns_speculation_off():
+    flat = {1: [100, 150, 170, 180], 2: [190, 260, 300, 330]}
+    choice = spec_schedule.choose(rows(flat), "schedule", 256, 0.05)
+    assert (choice["num_speculative_tokens"], choice["schedule"]) == (3, None)
+    costly = {1: [100, 102, 98, 90], 2: [190, 230, 200, 180]}
+    off = spec_schedule.choose(rows(costly), "schedule", 256, 0.05)
+    assert off["speculation"] is False
+    assert off["reason"] == "speculation off: speculation gains less than 5% at concurrency 1"
+
+
+def test_single_k_for_the_concurrency_profile():
+    # All alike: geometric mean of the speed-ups over 1, 2, 4, 8 (k=2: 1.27, k=1: 1.25, k=3: 1.22).
+    k, scores = spec_schedule.single_k(rows(CROSSOVER), {}, 0.05)
+    assert k == 2 and scores[2] == pytest.approx((1.9 * 300 / 190 * 380 / 360 * 540 / 650) ** 0.25, abs=1e-4)
+    # Mostly single requests: the deepest draft wins.
+    assert spec_schedule.single_k(rows(CROSSOVER), {1: 0.9, 8: 0.1}, 0.05)[0] == 3
+    # Mostly batch 8: speculation off.
+    choice = spec_schedule.choose(rows(CROSSOVER), "single", 256, 0.05, {8: 1})
+    assert choice["speculation"] is False
+    with pytest.raises(spec_schedule.ScheduleError, match="profile names 16, which was not measured"):
+        spec_schedule.single_k(rows(CROSSOVER), {16: 1}, 0.05)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ([[2, 8, 3]], "starts at batch size 2: vLLM needs it to start at 1"),
+        ([[1, 4, 3], [3, 8, 1]], "ranges must be sorted, non-empty and not overlap"),
+        ([[1, 4, 4]], "k must be 0 to num_speculative_tokens 3 (vLLM caps a larger k silently)"),
+        ([[1, 4]], "is not [start, end, k] of integers"),
+        ([], "must be a non-empty list"),
+    ],
+)
+def test_check_schedule_refuses_what_vllm_would_not_take_as_meant(schedule, message):
+    with pytest.raises(spec_schedule.ScheduleError) as caught:
+        spec_schedule.check_schedule(schedule, 3)
+    assert message in str(caught.value)
+
+
+def test_prediction_from_per_position_acceptance():
+    curve = [0.895, 0.789, 0.684]
+    assert [round(spec_schedule.predicted_mean_length(curve, k), 3) for k in (1, 2, 3)] == [
+        1.895,
+        2.684,
+        3.368,
+    ]
+
+
+# --- the gate's floors at any k -------------------------------------------------------------------
+
+
+def test_floors_mean_the_same_drafter_quality_at_every_k():
+    assert spec_stats.floor_at_k(2.2, 3, 3) == pytest.approx(2.2, abs=1e-12)
+    assert [round(spec_stats.floor_at_k(2.2, 3, k), 3) for k in (1, 2, 4)] == [1.607, 1.976, 2.336]
+    # A floor at k=1 can never exceed 2 (one drafted token), today's fixed 2.2 could.
+    assert spec_stats.floor_at_k(2.2, 3, 1) < 2
+    assert spec_stats.rate_floor_at_k(0.4, 3, 3) == pytest.approx(0.4, abs=1e-12)
+    assert round(spec_stats.rate_floor_at_k(0.4, 3, 1), 3) == 0.607
+    # The sim's known drafters keep their verdicts at k=1: 3.4 (0.895 at position 0) passes, 1.4 (0.261)
+    # fails.
+    assert 1.895 > spec_stats.floor_at_k(2.2, 3, 1) > 1.261
+    with pytest.raises(ValueError, match=r"lies in \[1, 4\]"):
+        spec_stats.floor_at_k(4.5, 3, 2)
+
+
+# --- the module: read and record ------------------------------------------------------------------
+
+
+@pytest.fixture
+def box(tmp_path, monkeypatch):
+    """The sim box's nvidia-smi over a recorded 8x RTX 4090 PCIe box; releases, `current` at one."""
+    smi_data = tmp_path / "nvidia-smi"
+    shutil.copytree(FIXTURES / "nvidia-smi" / "rtx4090-8gpu-pcie", smi_data)
+    (smi_data / "driver-version").write_text(DRIVER + "\n")
+    nvidia_smi = tmp_path / "nvidia-smi-bin"
+    shutil.copy(REPO / "sim" / "roles" / "sim_box" / "files" / "nvidia-smi", nvidia_smi)
+    nvidia_smi.chmod(0o755)
+    monkeypatch.setenv("SIM_NVIDIA_SMI_DATA", str(smi_data))
+    releases = tmp_path / "drafters" / "releases"
+    for release in ("aaaa11112222", "bbbb33334444"):
+        (releases / release).mkdir(parents=True)
+    current = tmp_path / "drafters" / "current"
+    current.symlink_to(releases / "aaaa11112222")
+
+    class Box:
+        data = smi_data
+        kept = tmp_path / "kept" / "spec_tune.json"
+
+        @staticmethod
+        def switch(release):
+            current.unlink()
+            current.symlink_to(releases / release)
+
+        @staticmethod
+        def args(**overrides):
+            args = {
+                "speculative_config": {
+                    "method": "eagle3",
+                    "model": str(current),
+                    "num_speculative_tokens": 3,
+                },
+                "identity": {"vllm_version": "0.33.0", "model": "/srv/models/kimi", "server": "abc"},
+                "cache_path": str(Box.kept),
+                "nvidia_smi": str(nvidia_smi),
+                "concurrencies": [1, 2, 4, 8],
+                "max_k": 3,
+            }
+            args.update(overrides)
+            return args
+
+    return Box
+
+
+def facts_of(result):
+    return result["ansible_facts"]["spec_tune"]
+
+
+def test_nothing_kept_serves_the_drafter_untuned_and_says_a_measurement_is_due(run_module, box):
+    result = run_module(spec_tune, box.args())
+    assert result["changed"] is False and result["measurement_due"] is True
+    facts = facts_of(result)
+    assert facts["source"] == "none" and facts["choice"] is None
+    assert facts["speculative_config"] == box.args()["speculative_config"]
+
+
+def test_record_keeps_the_table_with_its_identity_and_hands_on_the_schedule(run_module, box):
+    result = run_module(spec_tune, box.args(step="record", rows=rows(CROSSOVER), started_at=1.0))
+    facts = facts_of(result)
+    assert result["changed"] is True and facts["source"] == "measured"
+    schedule = [[1, 1, 3], [2, 3, 2], [4, 7, 1], [8, 256, 0]]
+    assert facts["speculative_config"] == {
+        "method": "eagle3",
+        "model": box.args()["speculative_config"]["model"],
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": schedule,
+    }
+    kept = json.loads(box.kept.read_text())
+    identity = kept["identity"]
+    assert identity["drafter_release"] == "aaaa11112222"
+    assert identity["driver"] == DRIVER and len(identity["gpus"]) == 8
+    assert identity["vllm_version"] == "0.33.0"
+    assert identity["plan"] == {
+        "ks": [0, 1, 2, 3],
+        "concurrencies": [1, 2, 4, 8],
+        "rounds": 3,
+        "max_tokens": 64,
+    }
+    assert kept["cost"]["server_starts"] == 4 and kept["cost"]["seconds"] > 0
+    assert facts["summary"][0].startswith("concurrency 1: k=0 100.0 tok/s 10.0 ms, k=1 160.0 tok/s")
+    assert facts["summary"][0].endswith("-> k=3")
+
+
+def test_kept_table_is_reused_and_rescored_without_measuring(run_module, box):
+    run_module(spec_tune, box.args(step="record", rows=rows(CROSSOVER)))
+    again = run_module(spec_tune, box.args())
+    assert again["changed"] is False and again["measurement_due"] is False
+    assert facts_of(again)["source"] == "kept"
+    # New weights: one k for a profile of mostly single requests, from the same table.
+    rescored = run_module(spec_tune, box.args(output="single", profile={1: 0.9, 8: 0.1}))
+    assert rescored["changed"] is True and rescored["measurement_due"] is False
+    config = facts_of(rescored)["speculative_config"]
+    assert config["num_speculative_tokens"] == 3 and "num_speculative_tokens_per_batch_size" not in config
+    assert json.loads(box.kept.read_text())["scoring"]["output"] == "single"
+
+
+@pytest.mark.parametrize(
+    ("change", "stale"),
+    [
+        ("release", "drafter_release aaaa11112222 -> bbbb33334444"),
+        ("vllm", "vllm_version 0.33.0 -> 0.34.0"),
+        ("driver", "driver 575.57.08 -> 580.159.04"),
+        ("workload", "workload changed"),
+    ],
+)
+def test_a_changed_box_voids_the_kept_table(run_module, box, change, stale):
+    run_module(spec_tune, box.args(step="record", rows=rows(CROSSOVER)))
+    overrides = {}
+    if change == "release":
+        box.switch("bbbb33334444")
+    elif change == "vllm":
+        overrides["identity"] = dict(box.args()["identity"], vllm_version="0.34.0")
+    elif change == "driver":
+        (box.data / "driver-version").write_text("580.159.04\n")
+    else:
+        overrides["requests"] = [{"messages": [{"role": "user", "content": "hello"}]}]
+    result = run_module(spec_tune, box.args(**overrides))
+    facts = facts_of(result)
+    assert result["measurement_due"] is True and facts["source"] == "none"
+    assert stale in facts["stale"]
+    assert any(stale in json.dumps(warning) for warning in result["warnings"]), result["warnings"]
+    assert facts["speculative_config"]["num_speculative_tokens"] == 3
+    assert "num_speculative_tokens_per_batch_size" not in facts["speculative_config"]
+
+
+def test_record_refuses_an_incomplete_table(run_module, box):
+    partial = [row for row in rows(CROSSOVER) if not (row["k"] == 2 and row["concurrency"] == 4)]
+    result = run_module(spec_tune, box.args(step="record", rows=partial))
+    assert result["failed"] is True and result["msg"] == "the table lacks k=2 at concurrency 4"
+    assert not box.kept.exists()
+
+
+def test_speculation_that_never_pays_is_turned_off(run_module, box):
+    costly = {
+        1: [100, 101, 99, 95],
+        2: [190, 185, 180, 170],
+        4: [360, 340, 330, 300],
+        8: [650, 600, 540, 480],
+    }
+    facts = facts_of(run_module(spec_tune, box.args(step="record", rows=rows(costly))))
+    assert facts["speculative_config"] == {}
+    assert facts["choice"]["reason"].startswith("speculation off:")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"concurrencies": [2, 4]}, "concurrencies must be ascending and distinct, from 1: [2, 4]"),
+        ({"concurrencies": [1, 2, 512]}, "concurrency 512 is above the server's max_num_seqs 256"),
+        ({"k": 5}, "k must be 0 to max_k 3, got 5"),
+    ],
+)
+def test_bad_parameters_fail_in_one_line(run_module, box, overrides, message):
+    result = run_module(spec_tune, box.args(**overrides))
+    assert result["failed"] is True and result["msg"] == message
