@@ -64,7 +64,7 @@ def start_seconds():
     starts, seconds = None, []
     for line in out.splitlines():
         stamp = float(line.split()[0])
-        if "Started" in line:
+        if "Started vllm-trial.service" in line:  # systemd's line, not uvicorn's "Started server process"
             starts = stamp
         elif starts is not None and 'GET /health HTTP/1.1" 200' in line:
             seconds.append(stamp - starts)

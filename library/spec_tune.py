@@ -67,6 +67,16 @@ options:
       all alike.
     type: dict
     default: {}
+  min_mean_acceptance_length:
+    description: >-
+      The gate's floor, stated at O(floors_at_k): a k whose measured mean acceptance length at a
+      concurrency is below the floor at that k (module_utils/spec_stats.py C(floor_at_k)) is not chosen
+      there, so the gate never fails what the tuner chose. Unset, every k is a candidate.
+    type: float
+  floors_at_k:
+    description: The k at which O(min_mean_acceptance_length) is stated.
+    type: int
+    default: 3
   remeasure:
     description: Report a measurement as due although the kept table still matches.
     type: bool
@@ -232,7 +242,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.chat_load import DEFAULT_PROMPTS, load_cell, workload, workload_digest
 from ansible.module_utils.kept_measurement import KeptMeasurementError, changed_fields, read_kept, write_kept
 from ansible.module_utils.spec_metrics import SpecMetricsError, scrape, spec_series, window_metrics
-from ansible.module_utils.spec_schedule import ScheduleError, choose, predicted_mean_length
+from ansible.module_utils.spec_schedule import ScheduleError, choose, gate_floor, predicted_mean_length
 from ansible.module_utils.vllm_api import VllmApiError, check_healthy
 
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
@@ -327,11 +337,16 @@ def scoring(params):
         "min_gain": params["min_gain"],
         "profile": params["profile"],
         "max_num_seqs": params["max_num_seqs"],
+        "min_mean_acceptance_length": params["min_mean_acceptance_length"],
+        "floors_at_k": params["floors_at_k"],
     }
 
 
 def choice_of(rows, params):
-    return choose(rows, params["output"], params["max_num_seqs"], params["min_gain"], params["profile"])
+    eligible = gate_floor(params["min_mean_acceptance_length"], params["floors_at_k"])
+    return choose(
+        rows, params["output"], params["max_num_seqs"], params["min_gain"], params["profile"], eligible
+    )
 
 
 def facts(source, base, choice, kept, **more):
@@ -464,6 +479,8 @@ ARGUMENT_SPEC = dict(
     max_num_seqs=dict(type="int", default=256),
     min_gain=dict(type="float", default=0.05),
     profile=dict(type="dict", default={}),
+    min_mean_acceptance_length=dict(type="float"),
+    floors_at_k=dict(type="int", default=3),
     remeasure=dict(type="bool", default=False),
     nvidia_smi=dict(type="str", default="nvidia-smi"),
     base_url=dict(type="str", default="http://127.0.0.1:8000"),

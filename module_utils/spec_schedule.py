@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+from ansible.module_utils.spec_stats import floor_at_k
+
 __all__ = [
     "ScheduleError",
     "predicted_mean_length",
@@ -27,6 +29,7 @@ __all__ = [
     "single_k",
     "choose",
     "check_schedule",
+    "gate_floor",
 ]
 
 
@@ -41,10 +44,26 @@ def predicted_mean_length(per_position, k):
     return 1 + sum(per_position[:k])
 
 
-def _speeds(rows):
-    """{concurrency: {k: tokens_per_second}}; every concurrency needs k = 0 (speculation off)."""
+def gate_floor(min_mean_length, reference_k):
+    """A predicate over rows: True where the cell's measured mean acceptance length meets the gate's
+    floor at the cell's k (so the tuner never chooses a k that the gate would then fail); None: all."""
+    if not min_mean_length:
+        return None
+
+    def meets(row):
+        length = row.get("mean_acceptance_length")
+        k = int(row["k"])
+        return k == 0 or length is None or length >= floor_at_k(min_mean_length, reference_k, k) - 1e-9
+
+    return meets
+
+
+def _speeds(rows, eligible=None):
+    """{concurrency: {k: tokens_per_second}} of the eligible rows; every concurrency needs k = 0."""
     speeds = {}
     for row in rows:
+        if eligible is not None and not eligible(row):
+            continue
         speeds.setdefault(int(row["concurrency"]), {})[int(row["k"])] = float(row["tokens_per_second"])
     for concurrency, by_k in speeds.items():
         if by_k.get(0, 0) <= 0:
@@ -52,10 +71,10 @@ def _speeds(rows):
     return dict(sorted(speeds.items()))
 
 
-def best_k_per_concurrency(rows, min_gain):
-    """{concurrency: (k, speed over speculation off)}: the fastest k, or 0 unless it gains min_gain."""
+def best_k_per_concurrency(rows, min_gain, eligible=None):
+    """{concurrency: (k, speed over speculation off)}: the fastest eligible k; 0 unless it gains min_gain."""
     chosen = {}
-    for concurrency, by_k in _speeds(rows).items():
+    for concurrency, by_k in _speeds(rows, eligible).items():
         off = by_k[0]
         k, speed = max(((k, s) for k, s in by_k.items() if k > 0), key=lambda item: item[1], default=(0, off))
         chosen[concurrency] = (k, speed / off) if speed >= off * (1 + min_gain) else (0, 1.0)
@@ -94,11 +113,11 @@ def k_for_batch(schedule, batch_size, default):
     return min(k, default)
 
 
-def single_k(rows, profile, min_gain):
+def single_k(rows, profile, min_gain, eligible=None):
     """(k, {k: score}) for one k at every batch size: the score is the weighted geometric mean, over
     the profile's concurrencies ({concurrency: weight}; {} weighs every measured one alike), of the
     speed over speculation off; k = 0 unless the best scores 1 + min_gain."""
-    speeds = _speeds(rows)
+    speeds = _speeds(rows, eligible)
     weights = {int(c): float(w) for c, w in (profile or {}).items() if float(w) > 0} or dict.fromkeys(
         speeds, 1.0
     )
@@ -116,15 +135,16 @@ def single_k(rows, profile, min_gain):
     return (best if best and scores[best] >= 1 + min_gain else 0), scores
 
 
-def choose(rows, output, max_num_seqs, min_gain, profile=None):
+def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None):
     """The speculation settings from the table: a dict with
     - speculation: False when no k pays at batch size 1 (then nothing else matters: the drafter
       costs more than it saves where it helps most);
     - num_speculative_tokens: the largest k used;
     - schedule: [[start, end, k], ...] when `output` is "schedule" and k differs between ranges, else None;
     - per_concurrency: {concurrency: {k, gain}}; scores (single k only); reason: one line.
+    Only the rows `eligible` accepts are candidates (gate_floor: those the gate would pass).
     """
-    per_concurrency = best_k_per_concurrency(rows, min_gain)
+    per_concurrency = best_k_per_concurrency(rows, min_gain, eligible)
     table = {c: {"k": k, "gain": round(gain, 4)} for c, (k, gain) in per_concurrency.items()}
     if output == "schedule":
         ranges = schedule_ranges({c: k for c, (k, _gain) in per_concurrency.items()}, max_num_seqs)
@@ -139,7 +159,7 @@ def choose(rows, output, max_num_seqs, min_gain, profile=None):
             "per_concurrency": table,
             "reason": f"schedule {shown} (batch size: k)",
         }
-    k, scores = single_k(rows, profile, min_gain)
+    k, scores = single_k(rows, profile, min_gain, eligible)
     if k == 0:
         return dict(_off(table, f"no k gains {min_gain:.0%} on the concurrency profile"), scores=scores)
     return {

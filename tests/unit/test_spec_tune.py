@@ -297,3 +297,30 @@ def test_speculation_that_never_pays_is_turned_off(run_module, box):
 def test_bad_parameters_fail_in_one_line(run_module, box, overrides, message):
     result = run_module(spec_tune, box.args(**overrides))
     assert result["failed"] is True and result["msg"] == message
+
+
+def test_a_k_the_gate_would_fail_is_never_chosen():
+    """Measured on the sim (bench/spec_tune_table.py, eagle3-known-2.2): at k=1 the drafter's mean
+    acceptance length was 1.600, under the gate's floor there (2.2 at k=3 is 1.607 at k=1); the fastest
+    k at batch size 1 was 1, the gate then failed it. With the gate's floor the tuner takes the next."""
+    table = rows(CROSSOVER)
+    for row in table:
+        row["mean_acceptance_length"] = {0: None, 1: 1.600, 2: 2.1, 3: 2.24}[row["k"]]
+    eligible = spec_schedule.gate_floor(2.2, 3)
+    chosen = spec_schedule.best_k_per_concurrency(table, 0.05, eligible)
+    # At 4, k=1 (400) was fastest; k=2 (380 over 360, +5.6%) now serves there.
+    assert {c: k for c, (k, _gain) in chosen.items()} == {1: 3, 2: 2, 4: 2, 8: 0}
+    assert spec_schedule.gate_floor(0, 3) is None
+
+
+def test_the_module_passes_the_gate_floor_to_the_choice(run_module, box):
+    table = rows({1: [100, 190, 150, 140], 2: [190, 300, 250, 240]})
+    for row in table:
+        row["mean_acceptance_length"] = {0: None, 1: 1.5, 2: 2.0, 3: 2.3}[row["k"]]
+    without = facts_of(
+        run_module(spec_tune, box.args(step="record", rows=table, max_k=3, concurrencies=[1, 2]))
+    )
+    assert without["speculative_config"]["num_speculative_tokens"] == 1
+    floored = run_module(spec_tune, box.args(min_mean_acceptance_length=2.2, max_k=3, concurrencies=[1, 2]))
+    assert floored["changed"] is True  # re-scored: the floor is part of the scoring
+    assert facts_of(floored)["speculative_config"]["num_speculative_tokens"] == 2
