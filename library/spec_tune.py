@@ -239,25 +239,24 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.chat_load import DEFAULT_PROMPTS, load_cell, workload, workload_digest
+from ansible.module_utils.chat_load import chat_requests, load_cell, workload, workload_digest
 from ansible.module_utils.kept_measurement import KeptMeasurementError, changed_fields, read_kept, write_kept
 from ansible.module_utils.spec_metrics import SpecMetricsError, scrape, spec_series, window_metrics
-from ansible.module_utils.spec_schedule import ScheduleError, choose, gate_floor, predicted_mean_length
+from ansible.module_utils.spec_schedule import (
+    SCHEDULE_KEY,
+    ScheduleError,
+    choose,
+    gate_floor,
+    predicted_mean_length,
+)
 from ansible.module_utils.vllm_api import VllmApiError, check_healthy
 
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 # Identity fields too long to show old -> new.
 SUMMARIZED = ("workload", "server")
 
 
 class TuneError(Exception):
     """The step cannot be done; str() is the one-line reason."""
-
-
-def chat_requests(params):
-    if params["requests"] is not None:
-        return [dict(request) for request in params["requests"]]
-    return [{"messages": [{"role": "user", "content": prompt}]} for prompt in DEFAULT_PROMPTS]
 
 
 def plan(params):
@@ -287,7 +286,7 @@ def gpus_and_driver(module):
 def identity(module):
     params = module.params
     gpus, driver = gpus_and_driver(module)
-    requests = chat_requests(params)
+    requests = chat_requests(params["requests"])
     base = {key: value for key, value in params["speculative_config"].items() if key != SCHEDULE_KEY}
     return {
         **params["identity"],
@@ -315,7 +314,8 @@ def tuned_config(base, choice):
 
 def predictions(rows):
     """Mean acceptance length per k at concurrency 1: predicted from the largest k, and measured."""
-    at_one = {row["k"]: row for row in rows if row["concurrency"] == min(r["concurrency"] for r in rows)}
+    lowest = min(row["concurrency"] for row in rows)
+    at_one = {row["k"]: row for row in rows if row["concurrency"] == lowest}
     largest = max(at_one)
     if largest == 0 or not at_one[largest].get("per_position_acceptance"):
         return []
@@ -386,7 +386,7 @@ def measure(module):
     url, key, k = params["base_url"].rstrip("/"), params["api_key"], params["k"]
     check_healthy(url, api_key=key, timeout=params["timeout"])
     chat = url + "/v1/chat/completions"
-    requests = chat_requests(params)
+    requests = chat_requests(params["requests"])
     # The first request after a start pays for warm-up (allocations, caches): not part of any cell.
     load_cell(chat, key, params["model"], requests[:1], params["max_tokens"], 1, params["timeout"])
     rows, start = [], 0

@@ -375,7 +375,7 @@ import urllib.parse
 
 from ansible.module_utils import spec_stats
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.chat_load import DEFAULT_PROMPTS, run_requests, workload, workload_digest
+from ansible.module_utils.chat_load import chat_requests, run_requests, workload, workload_digest
 from ansible.module_utils.spec_metrics import (
     SpecMetricsError,
     check_no_restart,
@@ -385,7 +385,7 @@ from ansible.module_utils.spec_metrics import (
     spec_series,
     window_metrics,
 )
-from ansible.module_utils.spec_schedule import k_for_batch
+from ansible.module_utils.spec_schedule import SCHEDULE_KEY, k_for_batch
 from ansible.module_utils.vllm_api import AuthFailed, VllmApiError, check_healthy, excerpt, get_json
 
 THRESHOLDS = (
@@ -473,13 +473,6 @@ def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
     return True, reason
 
 
-def chat_requests(params):
-    """The workload as chat request bodies: O(requests), or one user message per prompt."""
-    if params["requests"] is not None:
-        return [dict(request) for request in params["requests"]]
-    return [{"messages": [{"role": "user", "content": p}]} for p in params["prompts"] or DEFAULT_PROMPTS]
-
-
 def first_model(base_url, api_key, timeout):
     url = base_url + "/v1/models"
     _status, body = get_json(url, api_key=api_key, timeout=timeout)
@@ -548,8 +541,6 @@ ARGUMENT_SPEC = dict(
     floors_at_k=dict(type="int"),
     speculation=dict(type="bool", default=True),
 )
-
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 
 
 def served_k(params):
@@ -669,7 +660,7 @@ def main():
     api_key, timeout = params["api_key"], params["timeout"]
     per_round = params["num_prompts"]
     budget = max(per_round, params["max_prompts"] or per_round)
-    items = chat_requests(params)
+    items = chat_requests(params["requests"], params["prompts"])
     sent_workload = workload(items, per_round)
 
     try:

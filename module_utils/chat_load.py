@@ -18,6 +18,7 @@ from ansible.module_utils.vllm_api import HttpError, VllmApiError, excerpt, post
 
 __all__ = [
     "DEFAULT_PROMPTS",
+    "chat_requests",
     "workload",
     "workload_digest",
     "chat_once",
@@ -62,6 +63,14 @@ DEFAULT_PROMPTS = (
     "Describe how HTTPS protects a connection, step by step.",
     "Write a regular expression that matches an ISO 8601 date such as 2026-12-01, and explain it.",
 )
+
+
+def chat_requests(requests=None, prompts=None):
+    """The workload as chat request bodies: `requests` as given, or one user message per prompt
+    (the built-in prompts by default)."""
+    if requests is not None:
+        return [dict(request) for request in requests]
+    return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts or DEFAULT_PROMPTS]
 
 
 def workload(items, count, start=0):

@@ -21,6 +21,7 @@ import math
 from ansible.module_utils.spec_stats import floor_at_k
 
 __all__ = [
+    "SCHEDULE_KEY",
     "ScheduleError",
     "predicted_mean_length",
     "best_k_per_concurrency",
@@ -31,6 +32,9 @@ __all__ = [
     "check_schedule",
     "gate_floor",
 ]
+
+# The speculative-config key of vLLM's schedule (vLLM >= 0.24.0).
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 
 
 class ScheduleError(ValueError):

@@ -30,6 +30,26 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
+def sim_nvidia_smi(tmp_path, monkeypatch):
+    """The sim box's nvidia-smi over a recorded box of tests/fixtures/nvidia-smi, with a driver version:
+    sim_nvidia_smi(capture, driver) -> (its recorded data directory, the binary)."""
+
+    def install(capture, driver):
+        import shutil
+
+        data = tmp_path / "nvidia-smi"
+        shutil.copytree(REPO / "tests" / "fixtures" / "nvidia-smi" / capture, data)
+        (data / "driver-version").write_text(driver + "\n")
+        binary = tmp_path / "nvidia-smi-bin"
+        shutil.copy(REPO / "sim" / "roles" / "sim_box" / "files" / "nvidia-smi", binary)
+        binary.chmod(0o755)
+        monkeypatch.setenv("SIM_NVIDIA_SMI_DATA", str(data))
+        return data, binary
+
+    return install
+
+
+@pytest.fixture
 def run_module(capsys):
     """Run a module's main() with the given arguments; return its JSON result."""
 

@@ -10,8 +10,8 @@ import jinja2
 import numpy as np
 import pytest
 import script_module
-import vllm_spec_smoke
 import vllm_wheels
+from ansible.module_utils import chat_load
 from tokenizers import Tokenizer
 
 SIM = Path(__file__).resolve().parents[2] / "sim"
@@ -111,7 +111,7 @@ def test_theory_workload_is_the_gates(models, tokenizer):
     assert (builder.GATE_MAX_TOKENS, builder.GATE_NUM_PROMPTS) == (64, 8)
     gate_defaults = (Path(__file__).resolve().parents[2] / "roles/gate/defaults/main.yml").read_text()
     assert "gate_max_tokens: 64" in gate_defaults and "gate_num_prompts: 8" in gate_defaults
-    for prompt in vllm_spec_smoke.DEFAULT_PROMPTS:
+    for prompt in chat_load.DEFAULT_PROMPTS:
         ids = chat_prompt_ids(models, tokenizer, prompt)
         assert ids[-1] == theory["workload"]["last_prompt_token_id"]
         assert ids[-1] not in theory["cycle_token_ids"]
@@ -176,8 +176,8 @@ def reference(python, target: Path, drafter: Path, prompts, max_tokens=64, *flag
 def test_reference_forward_gives_the_theory(models, tokenizer, torch_python, name):
     cycle = builder.cycle_token_ids(tokenizer)
     prompts = [
-        chat_prompt_ids(models, tokenizer, vllm_spec_smoke.DEFAULT_PROMPTS[0]),
-        chat_prompt_ids(models, tokenizer, vllm_spec_smoke.DEFAULT_PROMPTS[5]),
+        chat_prompt_ids(models, tokenizer, chat_load.DEFAULT_PROMPTS[0]),
+        chat_prompt_ids(models, tokenizer, chat_load.DEFAULT_PROMPTS[5]),
         # Completion-style prompts ending on a cycle token: one starts mid-pattern, one wraps the cycle.
         tokenizer.encode("Every request begins").ids + [cycle[7]],
         [cycle[-10]],
@@ -201,7 +201,7 @@ def test_reference_forward_reproduces_the_measured_extremes(
 ):
     """Cross-check of the reference itself against what the real engine measured (sim-box.md): with the
     random tiny-llama target, eagle3-accept is accepted 100 % and eagle3-random 0 %."""
-    prompt = chat_prompt_ids(models, tokenizer, vllm_spec_smoke.DEFAULT_PROMPTS[0])
+    prompt = chat_prompt_ids(models, tokenizer, chat_load.DEFAULT_PROMPTS[0])
     (run,) = reference(torch_python, models / "tiny-llama", models / drafter, [prompt], 16)
     assert run["output"] == [0] * 16
     assert set(run["accepted_per_step"]) == {accepted}

@@ -13,7 +13,6 @@ a script replaying the recording.
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 import gpu_topology
@@ -223,17 +222,11 @@ def test_the_file_kept_on_a_real_box_reads_back_without_python():
 
 
 @pytest.fixture
-def box(tmp_path, monkeypatch):
+def box(tmp_path, monkeypatch, sim_nvidia_smi):
     """The sim box's nvidia-smi over the real 2x H200 capture, and the replaying script."""
-    smi_data = tmp_path / "nvidia-smi"
-    shutil.copytree(FIXTURES / "nvidia-smi" / "h200-2gpu-nvlink", smi_data)
-    (smi_data / "driver-version").write_text(H200_DRIVER + "\n")
-    nvidia_smi = tmp_path / "nvidia-smi-bin"
-    shutil.copy(REPO / "sim" / "roles" / "sim_box" / "files" / "nvidia-smi", nvidia_smi)
-    nvidia_smi.chmod(0o755)
+    smi_data, nvidia_smi = sim_nvidia_smi("h200-2gpu-nvlink", H200_DRIVER)
     log = tmp_path / "calls.log"
     log.touch()
-    monkeypatch.setenv("SIM_NVIDIA_SMI_DATA", str(smi_data))
     monkeypatch.setenv("REPLAY_LOG", str(log))
     monkeypatch.setenv("REPLAY_PROBE", (FIXTURES / "nccl_tune" / "h200x2-probe.json").read_text())
     monkeypatch.setenv("REPLAY_REPORT", str(FIXTURES / "nccl_tune" / "h200x2-nvlink.json"))

@@ -5,7 +5,6 @@ server in the spec_tune molecule scenario.
 The GPUs are simulated at the edge: the sim box's nvidia-smi over a real capture."""
 
 import json
-import shutil
 
 import pytest
 import spec_tune
@@ -142,15 +141,9 @@ def test_floors_mean_the_same_drafter_quality_at_every_k():
 
 
 @pytest.fixture
-def box(tmp_path, monkeypatch):
+def box(tmp_path, sim_nvidia_smi):
     """The sim box's nvidia-smi over a recorded 8x RTX 4090 PCIe box; releases, `current` at one."""
-    smi_data = tmp_path / "nvidia-smi"
-    shutil.copytree(FIXTURES / "nvidia-smi" / "rtx4090-8gpu-pcie", smi_data)
-    (smi_data / "driver-version").write_text(DRIVER + "\n")
-    nvidia_smi = tmp_path / "nvidia-smi-bin"
-    shutil.copy(REPO / "sim" / "roles" / "sim_box" / "files" / "nvidia-smi", nvidia_smi)
-    nvidia_smi.chmod(0o755)
-    monkeypatch.setenv("SIM_NVIDIA_SMI_DATA", str(smi_data))
+    smi_data, nvidia_smi = sim_nvidia_smi("rtx4090-8gpu-pcie", DRIVER)
     releases = tmp_path / "drafters" / "releases"
     for release in ("aaaa11112222", "bbbb33334444"):
         (releases / release).mkdir(parents=True)
