@@ -1,0 +1,300 @@
+#!/usr/bin/python
+"""Ansible module: the box's record of the last configuration that served and passed its checks."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: last_good
+short_description: Record what serves on a box after it passed its checks, and put it back after a failure
+description:
+  - "C(state=recorded): keeps copies of I(files) (the unit file, which holds the speculative config and
+    the NCCL environment, and the root-only environment file), the targets of I(links) (the drafter's
+    C(current) release) and I(serving) (the vLLM version, the patch state) in I(dir), with I(details)
+    and the date. Written only when what serves differs from the record (the figures of a later pass
+    of the same configuration do not rewrite it), so a run that changes nothing reports no change."
+  - "C(state=restored): puts the recorded files and link targets back where they differ, and says which
+    I(serving) values it cannot put back itself (the caller acts on those, or reports them)."
+  - "C(state=read): returns the record and changes nothing."
+  - "The record directory and every file in it are root-only, since the environment file may hold
+    the API key. Nothing secret is returned, only names, link targets, I(serving) and I(details)."
+options:
+  state:
+    description: What to do with the record.
+    type: str
+    choices: [read, recorded, restored]
+    default: read
+  dir:
+    description: Directory holding the record (created root-only).
+    type: path
+    default: /var/lib/specfleet/last_good
+  files:
+    description: Name and path of each file whose content is part of what serves; a missing file is
+      recorded as absent, and removed again by a restore.
+    type: dict
+    default: {}
+  links:
+    description: Name and path of each symbolic link whose target is part of what serves; a missing
+      link is recorded as absent.
+    type: dict
+    default: {}
+  serving:
+    description: Other facts of what serves, compared with the record (with I(state=restored), the
+      differences are returned in C(not_restored)).
+    type: dict
+    default: {}
+  details:
+    description: Kept with the record for reading, not compared (the gate's figures, the speculative
+      config and NCCL environment the unit file holds).
+    type: dict
+    default: {}
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+author:
+  - specfleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Record what serves
+  last_good:
+    state: recorded
+    files:
+      unit: /etc/systemd/system/vllm.service
+      environment: /etc/vllm/vllm.env
+    links:
+      drafter: /srv/drafters/current
+    serving:
+      vllm_version: 0.33.0
+    details:
+      gate: {acceptance_rate: 0.81}
+
+- name: Put it back after a failed change
+  last_good:
+    state: restored
+    files:
+      unit: /etc/systemd/system/vllm.service
+      environment: /etc/vllm/vllm.env
+    links:
+      drafter: /srv/drafters/current
+    serving:
+      vllm_version: 0.34.0
+  register: restore
+"""
+
+RETURN = r"""
+last_good:
+  description: The record after this run (before a restore for C(state=restored)); C(recorded) false
+    when the box has none.
+  returned: always
+  type: dict
+  sample:
+    recorded: true
+    recorded_at: "2026-12-02T09:00:00+00:00"
+    files: {unit: present, environment: absent}
+    links: {drafter: /srv/drafters/releases/3f2a9c}
+    serving: {vllm_version: 0.33.0}
+    details: {gate: {acceptance_rate: 0.81}}
+restored:
+  description: What was put back (or would be, in check mode), one line each.
+  returned: when state is restored
+  type: list
+  elements: str
+  sample: ["unit file", "drafter link -> /srv/drafters/releases/3f2a9c"]
+not_restored:
+  description: I(serving) values that differ from the record, each with its value now and the recorded one.
+  returned: when state is restored
+  type: list
+  elements: str
+changes:
+  description: What differs between the record and the box now (files, links, serving), one line each.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+RECORD = "record.json"
+PARTS = ("files", "links", "serving")
+
+
+def file_digest(module, path):
+    return module.sha256(path) if os.path.isfile(path) else None
+
+
+def link_target(path):
+    return os.readlink(path) if os.path.islink(path) else None
+
+
+def identity(module, files, links, serving):
+    """What serves now: file digests, link targets and the serving facts."""
+    return {
+        "files": {name: file_digest(module, path) for name, path in sorted(files.items())},
+        "links": {name: link_target(path) for name, path in sorted(links.items())},
+        "serving": serving,
+    }
+
+
+def differences(record, now, part):
+    """One line per file, link or serving value (`part`) that differs between the record and now."""
+    lines = []
+    for name in sorted(set(record[part]) | set(now[part])):
+        old, new = record[part].get(name), now[part].get(name)
+        if old == new:
+            continue
+        lines.append(f"{name} file" if part == "files" else f"{name} {new} (last good: {old})")
+    return lines
+
+
+def public(record):
+    """The record without file digests (a digest of the environment file would describe the API key)."""
+    if record is None:
+        return {"recorded": False}
+    return {
+        "recorded": True,
+        "recorded_at": record["recorded_at"],
+        "files": {name: "present" if digest else "absent" for name, digest in record["files"].items()},
+        "links": record["links"],
+        "serving": record["serving"],
+        "details": record["details"],
+    }
+
+
+def read_record(module, directory):
+    try:
+        with open(os.path.join(directory, RECORD)) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        module.fail_json(msg=f"cannot read the last known good record in {directory}: {error}")
+
+
+def place(module, write, dest, mode):
+    """Write a temporary file with `write(stream)`, then move it into place: a reader never sees half
+    of it. atomic_move keeps an existing file's mode, so the mode is set once it is there."""
+    handle, temporary = tempfile.mkstemp(dir=module.tmpdir)
+    with os.fdopen(handle, "wb") as stream:
+        write(stream)
+    os.chmod(temporary, mode)
+    module.atomic_move(temporary, dest)
+    os.chmod(dest, mode)
+
+
+def copy_of(path):
+    def write(stream):
+        with open(path, "rb") as source:
+            shutil.copyfileobj(source, stream)
+
+    return write
+
+
+def record(module, directory, files, now, details):
+    copies = os.path.join(directory, "files")
+    os.makedirs(copies, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    for name, path in files.items():
+        copy = os.path.join(copies, name)
+        if now["files"][name]:
+            place(module, copy_of(path), copy, 0o600)
+        elif os.path.exists(copy):
+            os.remove(copy)
+    modes = {name: os.stat(path).st_mode & 0o777 for name, path in files.items() if now["files"][name]}
+    kept = dict(
+        now,
+        modes=modes,
+        recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        details=details,
+    )
+    text = json.dumps(kept, indent=1, sort_keys=True).encode()
+    place(module, lambda stream: stream.write(text), os.path.join(directory, RECORD), 0o600)
+    return kept
+
+
+def restore(module, directory, kept, files, links, now):
+    """Put back each differing file and link; returns one line per thing put back."""
+    restored = []
+    for name, path in sorted(files.items()):
+        if kept["files"].get(name, None) == now["files"][name]:
+            continue
+        if name not in kept["files"]:
+            continue  # not part of the record: nothing to go back to
+        restored.append(f"{name} file")
+        if module.check_mode:
+            continue
+        if kept["files"][name]:
+            copy = os.path.join(directory, "files", name)
+            if module.sha256(copy) != kept["files"][name]:
+                module.fail_json(msg=f"the last known good copy of {name} ({copy}) does not match its record")
+            place(module, copy_of(copy), path, kept["modes"][name])
+        else:
+            os.remove(path)
+    for name, path in sorted(links.items()):
+        target = kept["links"].get(name)
+        if name not in kept["links"] or target == now["links"][name]:
+            continue
+        if target and not os.path.exists(target):
+            module.fail_json(
+                msg=f"the last known good {name} {target} is gone: cannot point {path} back at it"
+            )
+        restored.append(f"{name} link -> {target}" if target else f"{name} link removed")
+        if module.check_mode:
+            continue
+        if target:
+            # A new link renamed over the old one: readers see one target or the other, never none.
+            temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.last-good")
+            if os.path.lexists(temporary):
+                os.remove(temporary)
+            os.symlink(target, temporary)
+            os.replace(temporary, path)
+        else:
+            os.remove(path)
+    return restored
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["read", "recorded", "restored"], "default": "read"},
+            "dir": {"type": "path", "default": "/var/lib/specfleet/last_good"},
+            "files": {"type": "dict", "default": {}},
+            "links": {"type": "dict", "default": {}},
+            "serving": {"type": "dict", "default": {}},
+            "details": {"type": "dict", "default": {}},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    state, directory = params["state"], params["dir"]
+    files, links = params["files"], params["links"]
+    kept = read_record(module, directory)
+    now = identity(module, files, links, params["serving"])
+    changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
+    result = {"changed": False, "last_good": public(kept), "changes": changes}
+
+    if state == "recorded" and (kept is None or changes):
+        result["changed"] = True
+        if not module.check_mode:
+            result["last_good"] = public(record(module, directory, files, now, params["details"]))
+    elif state == "restored":
+        result["restored"] = restore(module, directory, kept, files, links, now) if kept else []
+        result["not_restored"] = differences(kept, now, "serving") if kept else []
+        result["changed"] = bool(result["restored"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""last_good: the record of what served after a pass, and putting it back after a failed change."""
+
+import json
+import os
+import stat
+
+import last_good
+import pytest
+
+
+@pytest.fixture
+def box(tmp_path):
+    """A unit file, a root-only environment file and a drafter `current` link, as a deploy leaves them."""
+    releases = tmp_path / "drafters" / "releases"
+    for release in ("good", "new"):
+        (releases / release).mkdir(parents=True)
+    (tmp_path / "drafters" / "current").symlink_to(releases / "good")
+    unit = tmp_path / "vllm.service"
+    unit.write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/m\n")
+    unit.chmod(0o644)
+    env = tmp_path / "vllm.env"
+    env.write_text("VLLM_API_KEY=secret-key\n")
+    env.chmod(0o600)
+    return tmp_path
+
+
+def args(box, state, **extra):
+    return {
+        "state": state,
+        "dir": str(box / "last_good"),
+        "files": {"unit": str(box / "vllm.service"), "environment": str(box / "vllm.env")},
+        "links": {"drafter": str(box / "drafters" / "current")},
+        "serving": {"vllm_version": "0.33.0", "speculative_config": {"num_speculative_tokens": 3}},
+        **extra,
+    }
+
+
+def break_the_box(box):
+    """What a failed change leaves: another unit, no API key, the drafter link on a new release."""
+    (box / "vllm.service").write_text(
+        "[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/m --bogus-flag\n"
+    )
+    (box / "vllm.env").unlink()
+    current = box / "drafters" / "current"
+    current.unlink()
+    current.symlink_to(box / "drafters" / "releases" / "new")
+
+
+def test_a_box_without_a_record_reads_as_not_recorded(box, run_module):
+    result = run_module(last_good, args(box, "read"))
+    assert result["last_good"] == {"recorded": False}
+    assert result["changed"] is False and result["changes"] == []
+    restore = run_module(last_good, args(box, "restored"))
+    assert restore["restored"] == [] and restore["changed"] is False
+    assert not (box / "last_good").exists()
+
+
+def test_record_keeps_root_only_copies_and_returns_no_secret(box, run_module, capsys):
+    result = run_module(last_good, args(box, "recorded", details={"acceptance_rate": 0.8}))
+    assert result["changed"] is True
+    record = result["last_good"]
+    assert record["recorded"] is True
+    assert record["files"] == {"environment": "present", "unit": "present"}
+    assert record["links"] == {"drafter": str(box / "drafters" / "releases" / "good")}
+    assert record["serving"]["vllm_version"] == "0.33.0"
+    assert record["details"] == {"acceptance_rate": 0.8}
+    assert "secret-key" not in json.dumps(result)
+    kept = box / "last_good"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    for path in [kept / "record.json", *(kept / "files").iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert (kept / "files" / "environment").read_text() == "VLLM_API_KEY=secret-key\n"
+
+
+def test_the_same_configuration_passing_again_changes_nothing(box, run_module):
+    first = run_module(last_good, args(box, "recorded", details={"acceptance_rate": 0.8}))
+    again = run_module(last_good, args(box, "recorded", details={"acceptance_rate": 0.7}))
+    assert again["changed"] is False and again["changes"] == []
+    # The record still says when and with which details this configuration first passed.
+    assert again["last_good"] == first["last_good"]
+
+
+def test_a_new_configuration_that_passes_replaces_the_record(box, run_module):
+    run_module(last_good, args(box, "recorded"))
+    (box / "vllm.service").write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/m --new\n")
+    newer = args(box, "recorded", serving={"vllm_version": "0.34.0", "speculative_config": {}})
+    result = run_module(last_good, newer)
+    assert result["changed"] is True
+    assert result["changes"] == [
+        "unit file",
+        "speculative_config {} (last good: {'num_speculative_tokens': 3})",
+        "vllm_version 0.34.0 (last good: 0.33.0)",
+    ]
+    assert result["last_good"]["serving"]["vllm_version"] == "0.34.0"
+    assert (box / "last_good" / "files" / "unit").read_text().endswith("--new\n")
+
+
+def test_restore_puts_back_files_modes_and_the_link(box, run_module):
+    run_module(last_good, args(box, "recorded"))
+    good_unit = (box / "vllm.service").read_text()
+    break_the_box(box)
+    result = run_module(
+        last_good, args(box, "restored", serving={"vllm_version": "0.34.0", "speculative_config": {}})
+    )
+    assert result["changed"] is True
+    good = str(box / "drafters" / "releases" / "good")
+    assert result["restored"] == ["environment file", "unit file", f"drafter link -> {good}"]
+    assert result["not_restored"] == [
+        "speculative_config {} (last good: {'num_speculative_tokens': 3})",
+        "vllm_version 0.34.0 (last good: 0.33.0)",
+    ]
+    assert (box / "vllm.service").read_text() == good_unit
+    assert stat.S_IMODE((box / "vllm.service").stat().st_mode) == 0o644
+    assert (box / "vllm.env").read_text() == "VLLM_API_KEY=secret-key\n"
+    assert stat.S_IMODE((box / "vllm.env").stat().st_mode) == 0o600
+    assert os.readlink(box / "drafters" / "current") == good
+    again = run_module(last_good, args(box, "restored"))
+    assert again["changed"] is False and again["restored"] == []
+
+
+def test_restore_in_check_mode_says_what_it_would_put_back_and_touches_nothing(box, run_module):
+    run_module(last_good, args(box, "recorded"))
+    break_the_box(box)
+    broken_unit = (box / "vllm.service").read_text()
+    result = run_module(last_good, args(box, "restored", _ansible_check_mode=True))
+    assert result["changed"] is True
+    assert result["restored"][:2] == ["environment file", "unit file"]
+    assert (box / "vllm.service").read_text() == broken_unit
+    assert not (box / "vllm.env").exists()
+    assert os.readlink(box / "drafters" / "current").endswith("/new")
+
+
+def test_a_file_absent_in_the_record_is_removed_again(box, run_module):
+    (box / "vllm.env").unlink()
+    run_module(last_good, args(box, "recorded"))
+    (box / "vllm.env").write_text("VLLM_API_KEY=added-by-the-failed-run\n")
+    result = run_module(last_good, args(box, "restored"))
+    assert result["restored"] == ["environment file"]
+    assert not (box / "vllm.env").exists()
+
+
+def test_a_recorded_release_that_is_gone_fails_with_one_line(box, run_module):
+    run_module(last_good, args(box, "recorded"))
+    break_the_box(box)
+    (box / "drafters" / "releases" / "good").rmdir()
+    result = run_module(last_good, args(box, "restored"))
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"the last known good drafter {box}/drafters/releases/good is gone: "
+        f"cannot point {box}/drafters/current back at it"
+    )
+
+
+def test_a_tampered_copy_is_not_put_back(box, run_module):
+    run_module(last_good, args(box, "recorded"))
+    break_the_box(box)
+    (box / "last_good" / "files" / "unit").write_text("[Service]\nExecStart=/bin/false\n")
+    result = run_module(last_good, args(box, "restored"))
+    assert result["failed"] is True and "does not match its record" in result["msg"]
+    assert "--bogus-flag" in (box / "vllm.service").read_text()
+
+
+def test_an_unreadable_record_fails_with_one_line(box, run_module):
+    (box / "last_good").mkdir()
+    (box / "last_good" / "record.json").write_text("{not json")
+    result = run_module(last_good, args(box, "read"))
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"cannot read the last known good record in {box}/last_good: ")
