@@ -59,6 +59,7 @@ EXTRA = {
     # The gate measures and reports; the floors are this script's business.
     "gate_min_mean_acceptance_length": 0,
     "gate_min_acceptance_rate": 0,
+    "gate_max_regression": 0,
 }
 
 

@@ -48,6 +48,13 @@ options:
       config and NCCL environment the unit file holds).
     type: dict
     default: {}
+  measured:
+    description:
+      - The checks' figures to rank, C(key) (the workload and k they were measured on) and C(figures)
+        (C(mean_acceptance_length), C(tokens_per_second)). A new record keeps, per key, the best of each
+        figure ever recorded with its date (C(best)), which the gate compares a later change with.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -89,18 +96,19 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-last_good:
-  description: The record after this run (before a restore for C(state=restored)); C(recorded) false
-    when the box has none.
+ansible_facts:
+  description: C(last_good), the record after this run; C(recorded) false when the box has none.
   returned: always
   type: dict
   sample:
-    recorded: true
-    recorded_at: "2026-12-02T09:00:00+00:00"
-    files: {unit: present, environment: absent}
-    links: {drafter: /srv/drafters/releases/3f2a9c}
-    serving: {vllm_version: 0.33.0}
-    details: {gate: {acceptance_rate: 0.81}}
+    last_good:
+      recorded: true
+      recorded_at: "2026-12-02T09:00:00+00:00"
+      files: {unit: present, environment: absent}
+      links: {drafter: /srv/drafters/releases/3f2a9c}
+      serving: {vllm_version: 0.33.0}
+      details: {gate: {acceptance_rate: 0.81}}
+      best: {3f2a9c: {mean_acceptance_length: 3.37, mean_acceptance_length_at: "2026-12-02T09:00:00+00:00"}}
 restored:
   description: What was put back (or would be, in check mode), one line each.
   returned: when state is restored
@@ -124,6 +132,7 @@ import json
 import os
 import shutil
 import tempfile
+from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -170,6 +179,7 @@ def public(record):
         "links": record["links"],
         "serving": record["serving"],
         "details": record["details"],
+        "best": record.get("best") or {},
     }
 
 
@@ -202,7 +212,19 @@ def copy_of(path):
     return write
 
 
-def record(module, directory, files, now, details):
+def best_of(kept, measured, recorded_at):
+    """The best figures per workload: the earlier best ({key: {figure: value, figure_at: date}}) raised
+    by this record's measured figures ({key, figures}) wherever they are higher."""
+    best = {key: dict(figures) for key, figures in ((kept or {}).get("best") or {}).items()}
+    if measured and measured.get("key"):
+        entry = best.setdefault(measured["key"], {})
+        for figure, value in (measured.get("figures") or {}).items():
+            if value is not None and (entry.get(figure) is None or value > entry[figure]):
+                entry[figure], entry[f"{figure}_at"] = value, recorded_at
+    return best
+
+
+def record(module, directory, files, now, details, best):
     copies = os.path.join(directory, "files")
     os.makedirs(copies, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -213,12 +235,8 @@ def record(module, directory, files, now, details):
         elif os.path.exists(copy):
             os.remove(copy)
     modes = {name: os.stat(path).st_mode & 0o777 for name, path in files.items() if now["files"][name]}
-    kept = dict(
-        now,
-        modes=modes,
-        recorded_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        details=details,
-    )
+    recorded_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    kept = dict(now, modes=modes, recorded_at=recorded_at, details=details, best=best(recorded_at))
     text = json.dumps(kept, indent=1, sort_keys=True).encode()
     place(module, lambda stream: stream.write(text), os.path.join(directory, RECORD), 0o600)
     return kept
@@ -274,6 +292,7 @@ def main():
             "links": {"type": "dict", "default": {}},
             "serving": {"type": "dict", "default": {}},
             "details": {"type": "dict", "default": {}},
+            "measured": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -283,12 +302,14 @@ def main():
     kept = read_record(module, directory)
     now = identity(module, files, links, params["serving"])
     changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
-    result = {"changed": False, "last_good": public(kept), "changes": changes}
+    result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes}
 
     if state == "recorded" and (kept is None or changes):
         result["changed"] = True
         if not module.check_mode:
-            result["last_good"] = public(record(module, directory, files, now, params["details"]))
+            best = partial(best_of, kept, params["measured"])
+            kept = record(module, directory, files, now, params["details"], best)
+            result["ansible_facts"]["last_good"] = public(kept)
     elif state == "restored":
         result["restored"] = restore(module, directory, kept, files, links, now) if kept else []
         result["not_restored"] = differences(kept, now, "serving") if kept else []

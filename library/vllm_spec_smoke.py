@@ -143,6 +143,26 @@ options:
         acceptance as decaying geometrically; 2.2 at k=3 is 1.61 at k=1 and 1.98 at k=2). Without it
         the floors are taken as given.
     type: int
+  best:
+    description:
+      - The best figures this box recorded for the same workload and k (roles/last_good keeps them with
+        each last known good), C(mean_acceptance_length) and optionally C(tokens_per_second), each with
+        its date (C(mean_acceptance_length_at), C(tokens_per_second_at)). With O(max_regression), a
+        figure more than that fraction under its best fails, even above the absolute floors
+        (C(min_mean_acceptance_length_vs_best), C(min_tokens_per_second_vs_best)). The best, not the
+        latest, so that changes each within the margin cannot add up to a large drop.
+    type: dict
+  max_regression:
+    description: Fraction (0 to 1) a figure may fall under O(best); 0 or unset compares nothing.
+    type: float
+  regression_figures:
+    description:
+      - Which figures are compared with O(best). Tokens per second is only meaningful where the box's
+        load is steady (not on two shared CPU cores).
+    type: list
+    elements: str
+    choices: [mean_acceptance_length, tokens_per_second]
+    default: [mean_acceptance_length, tokens_per_second]
   speculation:
     description:
       - Whether the server is expected to speculate. V(false) measures a baseline on the same target served
@@ -393,7 +413,11 @@ THRESHOLDS = (
     ("acceptance_rate", "min_acceptance_rate", True),
     ("mean_acceptance_length", "min_mean_acceptance_length", True),
     ("speedup", "min_speedup", False),
+    # Floors derived from the box's best record (options best and max_regression), not options themselves.
+    ("mean_acceptance_length", "min_mean_acceptance_length_vs_best", True),
+    ("tokens_per_second", "min_tokens_per_second_vs_best", False),
 )
+VS_BEST = "_vs_best"
 
 
 def throughput(completion_tokens, elapsed_s, baseline=None):
@@ -453,6 +477,10 @@ def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
             continue
         shown, wanted = _pair(value, limit)
         shown = _with_interval(fact, shown, facts)
+        if option.endswith(VS_BEST):
+            best = facts["best"]
+            margin = f"{facts['max_regression']:.0%}"
+            wanted += f" ({margin} under the best {float(best[fact]):.2f} of {best.get(fact + '_at', '?')})"
         if verdicts[option] == "below":
             missed.append(f"{fact} {shown} < {option} {wanted}")
         elif budget_spent:
@@ -499,6 +527,8 @@ def validate(params):
         return f"confidence must be between 0 and 1 (exclusive), got {params['confidence']}"
     if params["floors_at_k"] is not None and params["floors_at_k"] < 1:
         return f"floors_at_k must be at least 1, got {params['floors_at_k']}"
+    if params["max_regression"] is not None and not 0 <= params["max_regression"] < 1:
+        return f"max_regression must be from 0 to 1 (a fraction), got {params['max_regression']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
         return f"baseline_tokens_per_second must be above 0, got {params['baseline_tokens_per_second']}"
     if params["prompts"] is not None and (
@@ -539,6 +569,14 @@ ARGUMENT_SPEC = dict(
     baseline_tokens_per_second=dict(type="float"),
     speculative_config=dict(type="dict"),
     floors_at_k=dict(type="int"),
+    best=dict(type="dict"),
+    max_regression=dict(type="float"),
+    regression_figures=dict(
+        type="list",
+        elements="str",
+        choices=["mean_acceptance_length", "tokens_per_second"],
+        default=["mean_acceptance_length", "tokens_per_second"],
+    ),
     speculation=dict(type="bool", default=True),
 )
 
@@ -553,8 +591,15 @@ def served_k(params):
 
 
 def floors(params, k):
-    """{option: floor} in force: as given, or converted from floors_at_k to the served k."""
-    thresholds = {option: params[option] for _fact, option, _has_interval in THRESHOLDS}
+    """{option: floor} in force: as given, or converted from floors_at_k to the served k; and, with a
+    best record and max_regression, each compared figure's best less the margin."""
+    thresholds = {
+        option: params[option] for _fact, option, _has_interval in THRESHOLDS if not option.endswith(VS_BEST)
+    }
+    best, margin = params.get("best") or {}, params.get("max_regression")
+    for fact in params.get("regression_figures") or () if margin else ():
+        if best.get(fact):
+            thresholds[f"min_{fact}{VS_BEST}"] = round(float(best[fact]) * (1 - margin), 4)
     reference = params["floors_at_k"]
     if reference and k and k != reference:
         if thresholds["min_mean_acceptance_length"] is not None:
@@ -709,6 +754,8 @@ def main():
 
     thresholds = floors(params, measured.k)
     facts.update(k=measured.k, floors=thresholds)
+    if any(option.endswith(VS_BEST) and limit is not None for option, limit in thresholds.items()):
+        facts.update(best=params["best"], max_regression=params["max_regression"])
     rounds = 1
     while True:
         try:

@@ -30,6 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+SECOND_BOX = "zz-second-box"
 STATUSES = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -282,6 +283,17 @@ class Scenario:
     def host(self) -> str:
         """The box's inventory name in molecule's inventory."""
         return self.box.container
+
+    @property
+    def second_box_inventory(self) -> Path:
+        """A second box later in the rollout, never created: a run that fails this scenario's box must
+        stop before reaching it (serial 1, max_fail_percentage 0)."""
+        path = self.workdir / "second-box.json"
+        never = f"{self.box.container}-never-created"
+        box = {"ansible_connection": "containers.podman.podman", "ansible_host": never}
+        hosts = {"all": {"children": {"gpu_boxes": {"hosts": {SECOND_BOX: box}}}}}
+        path.write_text(json.dumps(hosts))
+        return path
 
     def molecule(self, step: str) -> None:
         log = self.workdir / f"molecule-{step}.log"

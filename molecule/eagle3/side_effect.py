@@ -1,18 +1,30 @@
 """Drafters shipped with `--tags eagle3` as a user would (from the controller, from a path on the
-box, over HTTP; then a corrupted one), checked on the runs' structured results; testinfra (tests/)
-then checks the box itself."""
+box, over HTTP; then a corrupted one); then changes that break the server, each undone to the box's
+last known good; then a server that exits on its own, started again by systemd. Checked on the runs'
+structured results; testinfra (tests/) then checks the box itself."""
 
 import hashlib
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
+import yaml
 from driver import ROOT
+from last_good_checks import UNIT, assert_restored
+from sim_box_client import GROUP_VARS
 
 MODELS = ROOT / "build/sim-models"
 DRAFTERS = "/srv/drafters"
-SHIP = ("--tags", "eagle3", "-e")
+# Each drafter shipped here is accepted on its floors even where it is under the box's best record (the
+# 3.0 drafter after the 3.4 one): the gate scenario proves the regression check.
+SHIP = ("--tags", "eagle3", "-e", "gate_max_regression=0", "-e")
+HOOKS = [
+    arg
+    for hook in ("drain", "undrain")
+    for arg in ("-e", f"vllm_service_{hook}_tasks={ROOT}/molecule/eagle3/hooks/{hook}.yml")
+]
 RESTART = {"role": "vllm_service", "file": "vllm_service/handlers/main.yml", "action": "systemd_service"}
 
 
@@ -37,6 +49,18 @@ def staged_copy(run, host):
     )
 
 
+# The second drafter's weights and config only, over HTTP against each file's sha256.
+HTTP_SHIP = {
+    "gate_max_regression": 0,
+    "eagle3_drafter_source_kind": "http",
+    "eagle3_drafter_source": "http://127.0.0.1:8765",
+    "eagle3_drafter_http_files": {
+        name: hashlib.sha256((MODELS / "eagle3-known-3.0" / name).read_bytes()).hexdigest()
+        for name in ("config.json", "model.safetensors")
+    },
+}
+
+
 def put_drafters_on_the_box(scenario):
     """As an operator's download would: one drafter on a path of the box, one behind a local HTTP server."""
     box = scenario.box
@@ -56,10 +80,22 @@ def side_effect(scenario):
     host, box = scenario.host, scenario.box
     put_drafters_on_the_box(scenario)
 
-    # A new release, another accepting drafter: only drafter, service and gate tasks run.
-    new = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}")
+    # A new release, another accepting drafter: only drafter, service and gate tasks run; the operator's
+    # hooks take the box out of its load balancer before the restart and put it back once it passed.
+    new = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}", *HOOKS)
     assert new.ok and new.changed(host) > 0, str(new)
     assert restarted(new, host), str(new)
+    drain, undrain = (
+        new.one(host=host, file=f"molecule/eagle3/hooks/{hook}.yml") for hook in ("drain", "undrain")
+    )
+    restart = next(result for result in new.ran(host=host, **RESTART) if result.changed)
+    record = new.one(host=host, role="last_good", file="last_good/tasks/main.yml", action="last_good")
+    order = [new.results.index(result) for result in (drain, restart, record, undrain)]
+    assert order == sorted(order), str(new)
+    assert [line.split()[0] for line in box.out("cat /var/tmp/load-balancer.log").splitlines()] == [
+        "out",
+        "in",
+    ]
     assert any(result.changed for result in switched(new, host)), str(new)
     # The vllm role contributes nothing but its (always-on) argument check.
     installs = [
@@ -67,8 +103,9 @@ def side_effect(scenario):
     ]
     assert not installs, [(r.file, r.action) for r in installs]
 
-    again = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}")
+    again = scenario.play("deploy.yml", *SHIP, f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}", *HOOKS)
     assert again.ok and again.changed(host) == 0, str(again)
+    assert not again.ran(host=host, file="molecule/eagle3/hooks/drain.yml"), str(again)  # no restart: no hook
 
     # The first release again, pulled with rsync from a path on the box: same content, same id,
     # so nothing is staged and current switches back to the existing release.
@@ -90,20 +127,8 @@ def side_effect(scenario):
     # sim-theory.json), so a new release, staged from incoming/ on the box. incoming/ still holds the
     # first drafter's files from the box-path ship; only the listed files make the release.
     box.sh(f"touch {DRAFTERS}/incoming/stray-from-an-earlier-ship.bin")
-    files = {
-        name: hashlib.sha256((MODELS / "eagle3-known-3.0" / name).read_bytes()).hexdigest()
-        for name in ("config.json", "model.safetensors")
-    }
-    http = scenario.play(
-        "deploy.yml",
-        "--tags",
-        "eagle3",
-        extra_vars={
-            "eagle3_drafter_source_kind": "http",
-            "eagle3_drafter_source": "http://127.0.0.1:8765",
-            "eagle3_drafter_http_files": files,
-        },
-    )
+    files = HTTP_SHIP["eagle3_drafter_http_files"]
+    http = scenario.play("deploy.yml", "--tags", "eagle3", extra_vars=HTTP_SHIP)
     assert http.ok, str(http)
     downloads = http.ran(
         host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/stage_http.yml", action="get_url"
@@ -124,3 +149,72 @@ def side_effect(scenario):
         "not a usable EAGLE-3 drafter" in message and "truncated" in message for message in bad.failures(host)
     ), str(bad)
     assert not bad.ran(host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/switch.yml"), str(bad)
+
+    check_mode_says_what_a_failure_restores(scenario)
+    failed_changes_are_undone(scenario)
+    an_exited_server_is_started_again(scenario)
+
+
+def check_mode_says_what_a_failure_restores(scenario):
+    """--check names the last known good a failure would go back to; last_good_restore=false says,
+    loudly, that nothing would be."""
+    host, box = scenario.host, scenario.box
+    good = box.out(f"readlink {DRAFTERS}/current").strip()
+    begin = {"host": host, "role": "last_good", "file": "last_good/tasks/begin.yml", "action": "debug"}
+    checked = scenario.play("deploy.yml", "--check", "--tags", "last_good")
+    assert checked.ok and checked.changed(host) == 0, str(checked)
+    line = checked.one(**begin).msg
+    assert line.startswith(f"{host}: a failed change would restore the last known good of 20"), line
+    assert line.endswith(f"(drafter {good.rsplit('/', 1)[-1]}, vLLM 0.32.0)"), line
+    kept = scenario.play("deploy.yml", "--check", "--tags", "last_good", "-e", "last_good_restore=false")
+    assert "a failed change is LEFT AS IT FAILS" in kept.one(**begin).msg, str(kept)
+
+
+def failed_changes_are_undone(scenario):
+    """A bogus server flag (vLLM refuses it at start: a crash loop) and a speculative key that passes
+    the key check but not the engine (synthetic acceptance on the CPU sampler): each run fails on the
+    box, which serves its last known good again (the HTTP release, as the last run that passed left
+    it), and the rollout stops before a second box."""
+    host, box = scenario.host, scenario.box
+    good_unit = box.out(f"cat {UNIT}")
+    bogus = scenario.play(
+        "deploy.yml",
+        "--tags",
+        "service",
+        extra_vars={"vllm_service_extra_args": [*SIM_EXTRA_ARGS, "--bogus-flag"]},
+        inventory=scenario.second_box_inventory,
+    )
+    line = assert_restored(bogus, box, host, ["unit file"])
+    assert line.startswith("vllm did not serve on port 8000: vllm crashed"), line
+    assert box.out(f"cat {UNIT}") == good_unit
+
+    # The same (HTTP) release, with the key added to its speculative config.
+    synthetic = {"eagle3_drafter_speculative_extra": {"rejection_sample_method": "synthetic"}}
+    rejected = scenario.play(
+        "deploy.yml",
+        "--tags",
+        "eagle3",
+        extra_vars={**HTTP_SHIP, **synthetic},
+        inventory=scenario.second_box_inventory,
+    )
+    line = assert_restored(rejected, box, host, ["unit file"])
+    assert line.startswith("vllm did not serve on port 8000: "), line
+
+
+def an_exited_server_is_started_again(scenario):
+    """When its engine dies, vLLM's API server shuts down cleanly (status 0, or SIGTERM's clean exit):
+    Restart=always starts it again, where on-failure would leave the box down."""
+    box = scenario.box
+    box.sh("kill -TERM $(systemctl show vllm --property=MainPID --value)")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = box.out("systemctl show vllm --property=ActiveState,NRestarts").split()
+        health = box.sh(f'python3 -c "{HEALTH}"', check=False).returncode == 0
+        if health and "ActiveState=active" in state:
+            break
+        time.sleep(3)
+    assert health and "NRestarts=1" in state, state
+
+
+HEALTH = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=5)"
+SIM_EXTRA_ARGS = yaml.safe_load(GROUP_VARS.read_text())["vllm_service_extra_args"]

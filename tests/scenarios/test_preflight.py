@@ -4,6 +4,9 @@ Runs deploy.yml against a real, prepared simulated box (a podman container with 
 checks, for each kind of bad input, the one-line reason and that the box was left untouched.
 """
 
+import datetime
+import json
+
 import pytest
 from driver import ROOT, Box, podman, run_playbook, ssh_inventory
 
@@ -149,3 +152,24 @@ def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reas
     workload = tmp_path / "traffic.jsonl"
     workload.write_text("\n".join(lines) + "\n")
     assert_stopped_untouched(deploy("-e", f"gate_workload_file={workload}"), box, f"{workload} {reason}")
+
+
+def test_a_box_another_deploy_holds_is_left_alone(box, deploy):
+    """One deploy at a time per box: a second run says who holds the lock, in one line; nothing changes."""
+    lock = "/var/lib/specfleet/deploy.lock"
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    box.sh("mkdir -p /var/lib/specfleet")
+    box.write(lock, json.dumps({"holder": "bob@ops-laptop", "token": "bobs-run", "since": since}))
+    try:
+        result = deploy()
+        kept = json.loads(box.out(f"cat {lock}"))
+    finally:
+        box.sh(f"rm -f {lock}")
+    assert not result.ok, str(result)
+    assert result.failures(HOST) == [
+        f"another deploy holds this box: bob@ops-laptop since {since} (0 min ago); it is taken over as stale "
+        f"after 6 h, or remove {lock} once that run is gone"
+    ], str(result)
+    assert kept["token"] == "bobs-run"  # not released by the run it stopped
+    assert result.changed(HOST) == 0, str(result)
+    assert not box.exists("/etc/systemd/system/vllm.service")

@@ -48,7 +48,7 @@ def break_the_box(box):
 
 def test_a_box_without_a_record_reads_as_not_recorded(box, run_module):
     result = run_module(last_good, args(box, "read"))
-    assert result["last_good"] == {"recorded": False}
+    assert result["ansible_facts"]["last_good"] == {"recorded": False}
     assert result["changed"] is False and result["changes"] == []
     restore = run_module(last_good, args(box, "restored"))
     assert restore["restored"] == [] and restore["changed"] is False
@@ -58,7 +58,7 @@ def test_a_box_without_a_record_reads_as_not_recorded(box, run_module):
 def test_record_keeps_root_only_copies_and_returns_no_secret(box, run_module, capsys):
     result = run_module(last_good, args(box, "recorded", details={"acceptance_rate": 0.8}))
     assert result["changed"] is True
-    record = result["last_good"]
+    record = result["ansible_facts"]["last_good"]
     assert record["recorded"] is True
     assert record["files"] == {"environment": "present", "unit": "present"}
     assert record["links"] == {"drafter": str(box / "drafters" / "releases" / "good")}
@@ -77,7 +77,7 @@ def test_the_same_configuration_passing_again_changes_nothing(box, run_module):
     again = run_module(last_good, args(box, "recorded", details={"acceptance_rate": 0.7}))
     assert again["changed"] is False and again["changes"] == []
     # The record still says when and with which details this configuration first passed.
-    assert again["last_good"] == first["last_good"]
+    assert again["ansible_facts"] == first["ansible_facts"]
 
 
 def test_a_new_configuration_that_passes_replaces_the_record(box, run_module):
@@ -91,7 +91,7 @@ def test_a_new_configuration_that_passes_replaces_the_record(box, run_module):
         "speculative_config {} (last good: {'num_speculative_tokens': 3})",
         "vllm_version 0.34.0 (last good: 0.33.0)",
     ]
-    assert result["last_good"]["serving"]["vllm_version"] == "0.34.0"
+    assert result["ansible_facts"]["last_good"]["serving"]["vllm_version"] == "0.34.0"
     assert (box / "last_good" / "files" / "unit").read_text().endswith("--new\n")
 
 
@@ -166,3 +166,27 @@ def test_an_unreadable_record_fails_with_one_line(box, run_module):
     result = run_module(last_good, args(box, "read"))
     assert result["failed"] is True
     assert result["msg"].startswith(f"cannot read the last known good record in {box}/last_good: ")
+
+
+def test_each_new_record_keeps_the_best_figures_per_workload(box, run_module):
+    """The gate compares a change with the best ever recorded for its workload, not the latest: a run of
+    changes each within the margin cannot add up to a large drop."""
+    first = args(box, "recorded", measured={"key": "w1", "figures": {"mean_acceptance_length": 3.4}})
+    best = run_module(last_good, first)["ansible_facts"]["last_good"]["best"]
+    assert best["w1"]["mean_acceptance_length"] == 3.4
+    at = best["w1"]["mean_acceptance_length_at"]
+    (box / "vllm.service").write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/m --second\n")
+    lower = args(
+        box,
+        "recorded",
+        measured={"key": "w1", "figures": {"mean_acceptance_length": 3.2, "tokens_per_second": 9}},
+    )
+    best = run_module(last_good, lower)["ansible_facts"]["last_good"]["best"]
+    assert best["w1"]["mean_acceptance_length"] == 3.4 and best["w1"]["mean_acceptance_length_at"] == at
+    assert best["w1"]["tokens_per_second"] == 9
+    (box / "vllm.service").write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/m --third\n")
+    other = args(box, "recorded", measured={"key": "w2", "figures": {"mean_acceptance_length": 2.5}})
+    best = run_module(last_good, other)["ansible_facts"]["last_good"]["best"]
+    assert sorted(best) == ["w1", "w2"] and best["w1"]["mean_acceptance_length"] == 3.4
+    # Read back as the next run's begin sees it.
+    assert run_module(last_good, args(box, "read"))["ansible_facts"]["last_good"]["best"] == best

@@ -1084,3 +1084,46 @@ def test_prompts_and_requests_are_exclusive(run_module):
 
 def test_built_in_prompts_are_distinct_enough_for_a_budget():
     assert len(set(chat_load.DEFAULT_PROMPTS)) == len(chat_load.DEFAULT_PROMPTS) == 32
+
+
+def test_a_drop_under_the_best_record_fails_even_above_the_floors(serve, run_module):
+    """Every request 1 + 22/16 = 2.375: above the 2.2 floor, but more than 10% under a best of 3.0
+    recorded for this workload (the best, not the latest: changes within the margin cannot add up)."""
+    best = {
+        "mean_acceptance_length": 3.0,
+        "tokens_per_second": 1.0,
+        "mean_acceptance_length_at": "2026-12-01T10:00:00+00:00",
+    }
+    args = {"base_url": serve(CountingVllm([POOR])), "num_prompts": 8, "min_mean_acceptance_length": 2.2}
+    result = run_module(smoke, dict(args, best=best, max_regression=0.1))
+    assert result["failed"] is True, result
+    facts = facts_of(result)
+    assert facts["rounds"] == 1 and facts["mean_acceptance_length"] == 2.375
+    assert facts["floors"]["min_mean_acceptance_length_vs_best"] == 2.7
+    assert facts["floors"]["min_tokens_per_second_vs_best"] == 0.9
+    assert facts["verdicts"] == {
+        "min_mean_acceptance_length": "above",
+        "min_mean_acceptance_length_vs_best": "below",
+        "min_tokens_per_second_vs_best": "above",
+    }
+    assert result["msg"] == (
+        "mean_acceptance_length 2.38 [2.38, 2.38] < min_mean_acceptance_length_vs_best 2.70 "
+        "(10% under the best 3.00 of 2026-12-01T10:00:00+00:00)"
+    )
+    # Within the margin (a best of 2.6: floor 2.34), comparing acceptance only, it passes.
+    within = dict(best, mean_acceptance_length=2.6, tokens_per_second=10**9)
+    args.update(base_url=serve(CountingVllm([POOR])), regression_figures=["mean_acceptance_length"])
+    passed = run_module(smoke, dict(args, best=within, max_regression=0.1))
+    assert passed.get("failed") is not True, passed
+    assert "min_tokens_per_second_vs_best" not in facts_of(passed)["floors"]
+
+
+def test_max_regression_is_a_fraction(serve, run_module):
+    args = {
+        "base_url": serve(CountingVllm([GOOD])),
+        "best": {"mean_acceptance_length": 3},
+        "max_regression": 10,
+    }
+    result = run_module(smoke, args)
+    assert result["failed"] is True
+    assert result["msg"] == "max_regression must be from 0 to 1 (a fraction), got 10.0"

@@ -54,3 +54,15 @@ def test_controller_report_says_the_last_gate_passed(host):
     assert low == high == expected["mean_acceptance_length"]
     assert report["workload"]["digest"] == report["metrics"]["workload_digest"]
     assert report["metrics"]["errors"] == 0
+
+
+def test_last_known_good_is_what_passed_root_only(host):
+    kept = "/var/lib/specfleet/last_good"
+    for path, mode in ((kept, 0o700), (f"{kept}/record.json", 0o600), (f"{kept}/files/unit", 0o600)):
+        assert (host.file(path).user, host.file(path).mode) == ("root", mode), path
+    record = json.loads(host.file(f"{kept}/record.json").content_string)
+    assert record["links"]["drafter"] == host.file(f"{DRAFTERS}/current").linked_to
+    assert host.file(f"{kept}/files/unit").content == host.file("/etc/systemd/system/vllm.service").content
+    expected = theory("eagle3-known-3.4")["expected"]
+    assert record["details"]["gate"]["mean_acceptance_length"] == expected["mean_acceptance_length"]
+    assert record["serving"]["vllm_version"] and record["recorded_at"].startswith("20")

@@ -1,0 +1,182 @@
+#!/usr/bin/python
+"""Ansible module: one deploy at a time on a box, with a lock file that says who holds it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: deploy_lock
+short_description: Take or release the box's deploy lock, naming its holder; stale locks are taken over
+description:
+  - "C(state=held): creates I(path) holding I(holder), I(token) and the time, unless another run holds
+    it. Created with a hard link from a complete temporary file, so of two runs that race for it,
+    exactly one gets it and nobody reads half a lock."
+  - A lock older than I(stale_after_s) (a run that was killed and could not release it) is taken
+    over, and the result says whose it was.
+  - "C(state=released): removes I(path) when it holds I(token); a lock of another run is left alone."
+  - The lock is run state, not configuration; C(changed) stays false so that a run which changes
+    nothing else reports no change.
+options:
+  state:
+    description: Take the lock, or release it.
+    type: str
+    choices: [held, released]
+    default: held
+  path:
+    description: The lock file.
+    type: path
+    default: /var/lib/specfleet/deploy.lock
+  holder:
+    description: Who runs the deploy, as the refusal line shows it to a second operator.
+    type: str
+    default: ""
+  token:
+    description: This run's own id on this box; it releases only its own lock.
+    type: str
+    required: true
+  stale_after_s:
+    description: Age in seconds after which another run's lock is taken over.
+    type: int
+    default: 21600
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+author:
+  - specfleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: One deploy at a time
+  deploy_lock:
+    holder: alice@ops-laptop
+    token: "{{ run_token }}"
+
+- name: Let the next deploy in
+  deploy_lock:
+    state: released
+    token: "{{ run_token }}"
+"""
+
+RETURN = r"""
+taken_over:
+  description: The stale lock this run took over (its holder and time), or null.
+  returned: when state is held
+  type: dict
+lock:
+  description: The lock as this run leaves it (holder, token, since), or null after a release.
+  returned: always
+  type: dict
+"""
+
+import datetime
+import json
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def read_lock(path):
+    """The lock's content, {} for an unreadable one (a crash mid-write of an older format), None if absent."""
+    try:
+        with open(path) as handle:
+            lock = json.load(handle)
+        return lock if isinstance(lock, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def age_s(lock, path):
+    try:
+        since = datetime.datetime.fromisoformat(lock["since"])
+    except (KeyError, TypeError, ValueError):
+        since = datetime.datetime.fromtimestamp(os.stat(path).st_mtime, datetime.timezone.utc)
+    return (now() - since).total_seconds()
+
+
+def create(module, path, lock):
+    """Link a complete file to `path`: fails with FileExistsError when another run got there first."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".deploy-lock.")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(lock, stream, sort_keys=True)
+        os.chmod(temporary, 0o644)
+        os.link(temporary, path)
+    finally:
+        os.remove(temporary)
+
+
+def hold(module, path, holder, token, stale_after_s):
+    mine = {"holder": holder, "token": token, "since": now().isoformat(timespec="seconds")}
+    lock = read_lock(path)
+    taken_over = None
+    if lock is not None and lock.get("token") == token:
+        return lock, None
+    if lock is not None:
+        age = age_s(lock, path)
+        if age < stale_after_s:
+            module.fail_json(
+                msg=f"another deploy holds this box: {lock.get('holder') or 'unknown'} since "
+                f"{lock.get('since', '?')} ({age / 60:.0f} min ago); it is taken over as stale after "
+                f"{stale_after_s / 3600:g} h, or remove {path} once that run is gone",
+                lock={k: lock.get(k) for k in ("holder", "since")},
+            )
+        taken_over = {k: lock.get(k) for k in ("holder", "since")}
+    if module.check_mode:
+        return mine, taken_over
+    if taken_over is not None:
+        os.remove(path)
+    try:
+        create(module, path, mine)
+    except FileExistsError:
+        other = read_lock(path) or {}
+        module.fail_json(
+            msg=f"another deploy took this box's lock just now: {other.get('holder') or 'unknown'}"
+        )
+    return mine, taken_over
+
+
+def release(module, path, token):
+    lock = read_lock(path)
+    if lock is None or lock.get("token") != token:
+        return lock
+    if not module.check_mode:
+        os.remove(path)
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["held", "released"], "default": "held"},
+            "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
+            "holder": {"type": "str", "default": ""},
+            "token": {"type": "str", "required": True, "no_log": False},
+            "stale_after_s": {"type": "int", "default": 21600},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["state"] == "held":
+        lock, taken_over = hold(
+            module, params["path"], params["holder"], params["token"], params["stale_after_s"]
+        )
+        module.exit_json(changed=False, lock=lock, taken_over=taken_over)
+    module.exit_json(changed=False, lock=release(module, params["path"], params["token"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""What every failed change must end with (roles/last_good's restore), read from a run's results."""
+
+from driver import SECOND_BOX, Run
+
+RESTORE = {"role": "last_good", "file": "last_good/tasks/restore.yml"}
+UNIT = "/etc/systemd/system/vllm.service"
+RECORD = "/var/lib/specfleet/last_good"
+
+
+def assert_restored(run: Run, box, host: str, changed: list[str]) -> str:
+    """The run failed on `host`, put back exactly `changed` from the last known good, restarted on it
+    and saw a real completion after that restart; the unit on disk is the recorded one; the host failed
+    with one line saying so, and the second box was never reached. Returns that line."""
+    assert not run.ok, str(run)
+    restore = run.one(host=host, action="last_good", **RESTORE)
+    assert restore.changed and restore.result["restored"] == changed, str(run)
+    [restart] = run.changed_results(host=host, action="systemd_service", **RESTORE)
+    completions = run.ran(host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="uri")
+    assert completions, str(run)
+    order = [run.results.index(result) for result in (restore, restart, completions[-1])]
+    assert order == sorted(order), f"no completion after the restore's restart\n{run}"
+    box.sh(f"cmp {UNIT} {RECORD}/files/unit")
+    line = run.failures(host)[-1]
+    assert "\n" not in line and line.endswith(", which serves and answered a completion"), line
+    assert SECOND_BOX not in run.hosts(), str(run)
+    return line
