@@ -173,3 +173,26 @@ def test_a_box_another_deploy_holds_is_left_alone(box, deploy):
     assert kept["token"] == "bobs-run"  # not released by the run it stopped
     assert result.changed(HOST) == 0, str(result)
     assert not box.exists("/etc/systemd/system/vllm.service")
+
+
+@pytest.mark.parametrize("restore", [True, False], ids=["restore", "keep-failed-state"])
+def test_a_failed_change_on_a_box_without_a_last_known_good(box, deploy, restore):
+    """A failure inside the changes (the driver is not the inventory's) on a box no deploy has passed
+    yet: nothing to go back to, so the server is left stopped and the line says so; with
+    last_good_restore=false the line says the failed state is kept. Either way the lock is released."""
+    result = deploy("-e", "nvidia_cuda_driver_version=575.64.03", "-e", f"last_good_restore={restore}")
+    assert not result.ok, str(result)
+    assert result.ran(host=HOST, role="nvidia_cuda", status="failed"), str(result)
+    line = result.failures(HOST)[-1]
+    if restore:
+        assert line.endswith(
+            "; no last known good on this box yet (no deploy has passed here): vllm is left stopped"
+        )
+    else:
+        assert "; last_good_restore is false: the FAILED STATE IS KEPT for debugging" in line, line
+    assert "\n" not in line, line
+    assert result.ran(host=HOST, role="last_good", file="last_good/tasks/end.yml", action="deploy_lock"), str(
+        result
+    )
+    assert not box.exists("/var/lib/specfleet/deploy.lock")
+    assert result.changed(HOST) == 0, str(result)
