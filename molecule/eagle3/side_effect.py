@@ -273,12 +273,13 @@ def an_exited_server_is_started_again(scenario):
     box.sh("kill -TERM $(systemctl show vllm --property=MainPID --value)")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        state = box.out("systemctl show vllm --property=ActiveState,NRestarts").split()
+        # Until systemd has started it again (the old process may still answer while it shuts down).
+        state = set(box.out("systemctl show vllm --property=ActiveState,NRestarts").split())
         health = box.sh(f'python3 -c "{HEALTH}"', check=False).returncode == 0
-        if health and "ActiveState=active" in state:
+        if health and state == {"NRestarts=1", "ActiveState=active"}:
             break
         time.sleep(3)
-    assert health and "NRestarts=1" in state, state
+    assert health and state == {"NRestarts=1", "ActiveState=active"}, state
 
 
 HEALTH = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=5)"
