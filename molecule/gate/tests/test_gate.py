@@ -1,5 +1,6 @@
-"""After side_effect: the passing release (known acceptance 3.4) serves and passes; the 15% one stayed
-as a release (nothing deleted); the baseline is kept on the box; the controller holds the host's report."""
+"""After side_effect: the passing release (known acceptance 3.4) serves and passes; the 15% one and the
+regressing 3.0 one stayed as releases (nothing deleted); the baseline is kept on the box; the controller
+holds the host's report; the last known good is what passed, root-only."""
 
 import json
 from pathlib import Path
@@ -31,7 +32,8 @@ def test_rejected_release_was_kept(host):
         json.loads(host.file(f"{DRAFTERS}/releases/{name}/.release.json").content_string)["source"]
         for name in host.check_output(f"ls {DRAFTERS}/releases").split()
     ]
-    assert sorted(Path(s).name for s in sources) == ["eagle3-known-1.4", "eagle3-known-3.4"]
+    kept = ["eagle3-known-1.4", "eagle3-known-3.0", "eagle3-known-3.4"]
+    assert sorted(Path(s).name for s in sources) == kept
 
 
 def test_baseline_is_kept_with_date_and_workload(host):
