@@ -11,6 +11,7 @@ completion. Removes the box after.
 """
 
 import datetime
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import ansible_runner
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
 BOX = "specfleet-bench-restore"
 EXTRA = {"sim_box_container": BOX, "ansible_port": 22125, "sim_box_host_port": 18002}
 GROUP_VARS = yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").read_text())
@@ -42,6 +44,7 @@ def play(playbook, extra=None, tags=None):
             inventory=str(ROOT / "inventory/local"),
             extravars={**EXTRA, **(extra or {})},
             tags=tags,
+            envvars={"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
             quiet=True,
         )
         events = list(runner.events)
