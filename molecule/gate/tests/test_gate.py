@@ -64,6 +64,8 @@ def test_last_known_good_is_what_passed_root_only(host):
         assert (host.file(path).user, host.file(path).mode) == ("root", mode), path
     record = json.loads(host.file(f"{kept}/record.json").content_string)
     assert record["links"]["drafter"] == host.file(f"{DRAFTERS}/current").linked_to
+    release = host.file("/opt/vllm/current").linked_to
+    assert record["links"]["vllm"] == release == record["details"]["vllm_venv"]
     assert host.file(f"{kept}/files/unit").content == host.file("/etc/systemd/system/vllm.service").content
     expected = theory("eagle3-known-3.4")["expected"]
     assert record["details"]["gate"]["mean_acceptance_length"] == expected["mean_acceptance_length"]
