@@ -24,6 +24,7 @@ __all__ = [
     "mean_length_interval",
     "intervals",
     "verdict",
+    "floor_alpha",
     "floor_at_k",
     "rate_floor_at_k",
 ]
@@ -154,13 +155,13 @@ def _geometric_sum(alpha, k):
     return sum(alpha**i for i in range(1, k + 1))
 
 
-def floor_at_k(mean_length_floor, reference_k, k):
-    """The mean acceptance length floor for a draft of k tokens that means what `mean_length_floor`
-    means at `reference_k`: the same drafter quality, taken as a per-position acceptance that decays
-    geometrically (position i accepted with probability alpha^(i+1), alpha solved from the floor at
-    reference_k). 2.2 at k=3 (alpha 0.607) is 1.61 at k=1, 1.98 at k=2 and 2.34 at k=4."""
-    if reference_k < 1 or k < 1:
-        raise ValueError(f"k must be at least 1, got reference_k={reference_k}, k={k}")
+def floor_alpha(mean_length_floor, reference_k):
+    """The per-position acceptance alpha that `mean_length_floor` at `reference_k` means, taken as
+    decaying geometrically (position i accepted with probability alpha^(i+1)): 1 + sum of alpha^i for
+    i = 1..reference_k is the floor. 2.2 at k=3 is alpha 0.607. Prometheus rules (roles/monitoring)
+    carry alpha, so that a floor follows the k a box drafts."""
+    if reference_k < 1:
+        raise ValueError(f"k must be at least 1, got reference_k={reference_k}")
     if not 1 <= mean_length_floor <= 1 + reference_k:
         raise ValueError(f"a mean acceptance length floor at k={reference_k} lies in [1, {1 + reference_k}]")
     target = mean_length_floor - 1
@@ -168,7 +169,16 @@ def floor_at_k(mean_length_floor, reference_k, k):
     for _ in range(60):  # bisection: the sum grows with alpha
         middle = (low + high) / 2
         low, high = (middle, high) if _geometric_sum(middle, reference_k) < target else (low, middle)
-    return 1 + _geometric_sum((low + high) / 2, k)
+    return (low + high) / 2
+
+
+def floor_at_k(mean_length_floor, reference_k, k):
+    """The mean acceptance length floor for a draft of k tokens that means what `mean_length_floor`
+    means at `reference_k`: the same drafter quality (floor_alpha). 2.2 at k=3 is 1.61 at k=1, 1.98 at
+    k=2 and 2.34 at k=4."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got reference_k={reference_k}, k={k}")
+    return 1 + _geometric_sum(floor_alpha(mean_length_floor, reference_k), k)
 
 
 def rate_floor_at_k(rate_floor, reference_k, k):

@@ -60,6 +60,21 @@ if [ "$(readlink .venv 2>/dev/null)" != "$venv" ]; then
   ln -s "$venv" .venv
 fi
 
+# promtool (checks and unit-tests the monitoring role's Prometheus rules): Debian's own, unpacked from
+# the prometheus package into the cache, not installed (that would start a Prometheus on this machine).
+promtool="$cache_dir/prometheus/usr/bin/promtool"
+if [ ! -x "$promtool" ]; then
+  step "promtool: unpacking Debian's prometheus package into $cache_dir/prometheus"
+  apt-get update -qq
+  unpack=$(mktemp -d)
+  chmod 755 "$unpack" # apt-get download fetches as _apt
+  rm -rf "$cache_dir/prometheus.partial"
+  (cd "$unpack" && apt-get download -qq prometheus && dpkg-deb -x prometheus_*.deb "$cache_dir/prometheus.partial")
+  rm -rf "$unpack" "$cache_dir/prometheus"
+  mv "$cache_dir/prometheus.partial" "$cache_dir/prometheus"
+fi
+ln -sfn "$promtool" "$venv/bin/promtool"
+
 # The controller's key for the sim boxes (sim/roles/sim_box authorizes it on each box).
 if [ ! -s "$cache_dir/ssh/id_ed25519" ]; then
   step "ssh: a controller key for the sim boxes"
