@@ -1,15 +1,20 @@
 """The gate driven as a user would: the converged server under load, the operator's own traffic as the
 workload, the 15% drafter with an impossible speedup rolled back with the rollout stopped before a
-second box, a plain deploy passing again; checked on structured results. testinfra (tests/) then
-checks the box and reports."""
+second box; then after the deploy, a real Prometheus (roles/monitoring) that stays quiet on the good
+drafter and alerts once the 15% one serves ungated, with every dashboard panel answering; a plain
+deploy passing again; checked on structured results. testinfra (tests/) then checks the box and
+reports."""
 
 import hashlib
 import json
 import re
 import time
 
-from driver import ROOT
+import browser
+from dashboard_queries import panel_queries
+from driver import ROOT, podman
 from last_good_checks import assert_restored
+from prometheus_box import PrometheusBox
 from sim_box_client import theory
 from tokenizers import Tokenizer
 
@@ -83,10 +88,114 @@ def gate_on_the_operators_traffic(scenario):
     assert report["workload"]["digest"] == smoke["workload_digest"]
 
 
-def side_effect(scenario):
+# Prometheus as fast as the sim's traffic: a window of seconds, not minutes (the figures are the same).
+MONITORING = {
+    "monitoring_window": "30s",
+    "monitoring_for": "20s",
+    "monitoring_min_drafts": 20,
+    "monitoring_server_down_for": "5m",  # the stories' own restarts are not outages
+}
+LOW_ALERTS = {
+    "SpeculationMeanAcceptanceLengthLow",
+    "SpeculationAcceptanceRateLow",
+    "SpeculationPositionCollapsed",
+}
+
+
+def monitoring_installs(scenario, prometheus):
+    """monitoring.yml into the running Prometheus: rules checked and loaded, the box's server a target;
+    a second run changes nothing, and neither does --check."""
     host = scenario.host
-    load_matches_vllms_own_log(scenario)
-    gate_on_the_operators_traffic(scenario)
+    address = podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", scenario.box.container).stdout.strip()
+    inventory = prometheus.inventory(scenario.workdir / "prometheus.json", MONITORING, {host: address})
+    install = scenario.play("monitoring.yml", inventory=inventory)
+    assert install.ok, str(install)
+    written = install.changed_results(host=prometheus.container, role="monitoring", action="template")
+    assert len(written) == 2, str(install)  # the rules and the targets
+    assert install.ran(host=prometheus.container, handler=True, action="systemd_service"), str(install)
+    again = scenario.play("monitoring.yml", inventory=inventory)
+    assert again.ok and again.changed() == 0, str(again)
+    check = scenario.play("monitoring.yml", "--check", inventory=inventory)
+    assert check.ok and check.changed() == 0, str(check)
+    up = f'up{{job="specfleet-vllm", host="{host}", instance="{address}:8000"}} == 1'
+    prometheus.wait(lambda: prometheus.query(up), f"{host} scraped", 60)
+
+
+def speculation_alerts(prometheus, host):
+    return [a for a in prometheus.get("/api/v1/alerts")["alerts"] if a["labels"].get("host") == host]
+
+
+def quiet_on_the_good_drafter(scenario, prometheus):
+    """The 3.4 drafter under load: Prometheus's figures are the theory's, at the floor the gate holds
+    the box to (2.2 at k=3), and no alert is pending or firing once a condition would have held."""
+    host = scenario.host
+    load = scenario.play("molecule/gate/load.yml")
+    assert load.ok, str(load)
+    length = f'specfleet:spec_decode_mean_acceptance_length:ratio30s{{host="{host}"}}'
+    [sample] = prometheus.wait(lambda: prometheus.query(length), "acceptance recorded", 60)
+    assert float(sample["value"][1]) > 3, sample  # 3.37 when the window holds the whole load
+    [floor] = prometheus.query(f'round(specfleet:gate_floor:mean_acceptance_length{{host="{host}"}}, 0.001)')
+    assert float(floor["value"][1]) == 2.2, floor
+    time.sleep(24)  # monitoring_for and two evaluations
+    assert speculation_alerts(prometheus, host) == [], speculation_alerts(prometheus, host)
+
+
+def alerts_on_the_15_percent_drafter(scenario, prometheus):
+    """The 15% drafter shipped with the gate off (what the gate would have stopped; in production, the
+    drift after a gate passed): under the same load, the box's acceptance alerts fire at its floors and
+    its third draft position (accepted in 4% of drafts) is collapsed; then every dashboard panel has data."""
+    host = scenario.host
+    ungated = scenario.play(
+        "deploy.yml",
+        "--tags",
+        "eagle3",
+        "-e",
+        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
+        "-e",
+        "gate_enabled=false",
+    )
+    assert ungated.ok, str(ungated)
+    load = scenario.play("molecule/gate/load.yml")
+    assert load.ok, str(load)
+
+    def firing():
+        names = {
+            a["labels"]["alertname"] for a in speculation_alerts(prometheus, host) if a["state"] == "firing"
+        }
+        return names if names >= LOW_ALERTS else None
+
+    prometheus.wait(firing, "the low-acceptance alerts", 90)
+    alerts = {
+        a["labels"]["alertname"]: a for a in speculation_alerts(prometheus, host) if a["state"] == "firing"
+    }
+    assert alerts["SpeculationPositionCollapsed"]["labels"]["position"] == "2", alerts
+    summary = alerts["SpeculationMeanAcceptanceLengthLow"]["annotations"]["summary"]
+    assert re.fullmatch(rf"{host}: mean acceptance length 1\.\d\d under its gate floor", summary), summary
+    description = alerts["SpeculationAcceptanceRateLow"]["annotations"]["description"]
+    assert "at the k it drafts (0.40), for 20s" in description, description
+
+    dashboard = json.loads((ROOT / "roles/monitoring/files/specfleet-speculation.json").read_text())
+    queries = panel_queries(dashboard, {"window": "1m", "job": "specfleet-vllm", "host": ".*"})
+    assert len(queries) >= 8, queries
+    empty = [title for title, expr in queries if not prometheus.query(expr)]
+    assert not empty, f"dashboard panels without data: {empty}"
+
+
+def side_effect(scenario):
+    with PrometheusBox(f"{scenario.box.container}-prometheus") as prometheus:
+        monitoring_installs(scenario, prometheus)
+        load_matches_vllms_own_log(scenario)
+        quiet_on_the_good_drafter(scenario, prometheus)
+        gate_on_the_operators_traffic(scenario)
+        low_drafter_rolled_back(scenario)
+        regressing_drafter_rolled_back(scenario)
+        alerts_on_the_15_percent_drafter(scenario, prometheus)
+    plain_deploy_passes_again(scenario)
+    fleet_report_from_the_box(scenario)
+
+
+def low_drafter_rolled_back(scenario):
+    host = scenario.host
 
     # The 15% drafter (mean acceptance length 1.41 on the gate's prompts) to the fleet, with an
     # impossible speedup asked for: a real baseline is measured without speculation; the acceptance
@@ -123,6 +232,10 @@ def side_effect(scenario):
     assert not random.ran(host=host, role="gate", file="gate/tasks/rollback.yml"), str(random)
     assert scenario.box.out("readlink /srv/drafters/current").strip() == good
 
+
+def regressing_drafter_rolled_back(scenario):
+    host = scenario.host
+    good = scenario.box.out("readlink /srv/drafters/current").strip()
     # The 3.0 drafter clears both floors, but falls more than 10% (gate_max_regression) under the best
     # mean acceptance length recorded on this box for the gate's workload (3.37, at converge): failed
     # and restored all the same.
@@ -147,14 +260,39 @@ def side_effect(scenario):
         regressing
     )
 
-    # The inventory's own settings again: the box passes the gate on the release it was rolled back
-    # to, which already serves (no restart).
+
+def plain_deploy_passes_again(scenario):
+    # The inventory's own settings again: its drafter back, served and passing the gate, and recorded as
+    # the box's last known good in place of the ungated one.
+    host = scenario.host
     restore = scenario.play("deploy.yml")
     assert restore.ok, str(restore)
-    assert not restore.changed_results(host=host, role="vllm_service", action="systemd_service"), str(restore)
-    assert not restore.changed_results(host=host, role="last_good"), str(restore)  # the same last good
+    assert restore.changed_results(host=host, role="eagle3_drafter"), str(restore)
+    assert restore.changed_results(host=host, role="last_good"), str(restore)
     smoke = restore.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
     metrics = smoke.facts["vllm_spec_smoke"]
     expected = theory("eagle3-known-3.4")["expected"]
     assert metrics["num_accepted_tokens_per_pos"] == expected["num_accepted_tokens_per_pos"], metrics
     assert metrics["mean_acceptance_length"] == expected["mean_acceptance_length"], metrics
+
+
+def fleet_report_from_the_box(scenario):
+    """report.yml reads the box's record and live counters from the box itself and writes one page,
+    which a real headless browser renders with the box's row and the plots."""
+    host = scenario.host
+    reports = scenario.workdir / "fleet-report"
+    run = scenario.play("report.yml", "-e", f"report_dir={reports}")
+    assert run.ok, str(run)
+    written = run.one(host="localhost", action="fleet_report").result
+    [box] = written["boxes"]
+    assert (box["host"], box["status"]) == (host, "ok"), written
+    assert run.ran(host=host, role="last_good", action="last_good"), str(run)
+    document = browser.dom(reports / "fleet.html")
+    assert f'<tr class="box ok" data-host="{host}">' in document, document[:2000]
+    # The gate's figures the box recorded at the plain deploy: its known acceptance.
+    expected = theory("eagle3-known-3.4")["expected"]["mean_acceptance_length"]
+    assert f"<td>{expected:.2f} [" in document, document[:4000]
+    assert re.findall(r'<svg class="plot" data-plot="([^"]+)"', document)[:2] == [
+        "mean-acceptance-length",
+        "per-position-acceptance",
+    ]
