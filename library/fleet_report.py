@@ -448,7 +448,8 @@ def page(summaries, generated, stale_days):
     for summary, row in zip(summaries, body):
         css = "ok" if summary["status"] == "ok" else "standing-out"
         cells = "".join(
-            f'<td class="{"status" if i == 1 else ""}">{html.escape(cell)}</td>' for i, cell in enumerate(row)
+            ('<td class="status">' if i == 1 else "<td>") + f"{html.escape(cell)}</td>"
+            for i, cell in enumerate(row)
         )
         html_rows.append(f'<tr class="box {css}" data-host="{html.escape(summary["host"])}">{cells}</tr>')
     plots = [length_plot(summaries), position_plot(summaries)]

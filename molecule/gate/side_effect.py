@@ -190,6 +190,7 @@ def side_effect(scenario):
         low_drafter_rolled_back(scenario)
         regressing_drafter_rolled_back(scenario)
         alerts_on_the_15_percent_drafter(scenario, prometheus)
+    watcher_turns_speculation_off(scenario)
     plain_deploy_passes_again(scenario)
     fleet_report_from_the_box(scenario)
 
@@ -261,6 +262,75 @@ def regressing_drafter_rolled_back(scenario):
     )
 
 
+WATCH = [
+    *("-e", "spec_watch_enabled=true", "-e", "spec_watch_interval_s=5"),
+    *("-e", "spec_watch_windows=2", "-e", "spec_watch_min_drafts=20"),
+]
+WATCH_ACCOUNT = "/var/lib/specfleet/last_good/spec_watch.json"
+
+
+def watch_lines(box):
+    return box.out(
+        "journalctl --unit specfleet-spec-watch --no-pager --output cat | grep '^spec watch: ' || true"
+    )
+
+
+def watcher_turns_speculation_off(scenario):
+    """The live fallback on the box serving the 15% drafter (its last known good now, recorded by the
+    ungated deploy): enabled, it only says so while a deploy holds the box; then two windows under the
+    floor turn speculation off (a drop-in without --speculative-config, its account beside the record,
+    a journal line, a textfile metric); the next deploy reports it and keeps it, without the gate."""
+    host, box = scenario.host, scenario.box
+    box.sh("mkdir -p /var/lib/prometheus/node-exporter")  # node_exporter's textfile collector, as Debian's
+    enable = scenario.play("deploy.yml", "--tags", "spec_watch", *WATCH)
+    assert enable.ok, str(enable)
+    assert enable.changed_results(host=host, role="spec_watch", action="systemd_service"), str(enable)
+
+    lock = "/var/lib/specfleet/deploy.lock"
+    box.write(
+        lock, json.dumps({"holder": "alice@ops", "token": "alices-run", "since": "2026-12-02T00:00:00+00:00"})
+    )
+    try:
+        assert scenario.play("molecule/gate/load.yml").ok
+        PrometheusBox.wait(
+            lambda: "a deploy holds this box" in watch_lines(box), "the watcher seeing the lock", 30
+        )
+        assert not box.exists(WATCH_ACCOUNT), watch_lines(box)
+    finally:
+        box.sh(f"rm -f {lock}")
+
+    assert scenario.play("molecule/gate/load.yml").ok
+    PrometheusBox.wait(lambda: box.exists(WATCH_ACCOUNT), "the watcher acting", 120)
+    account = json.loads(box.out(f"cat {WATCH_ACCOUNT}"))
+    assert account["action"] == "speculation_off", account
+    assert box.out(f"stat -c %a {WATCH_ACCOUNT}").strip() == "600"
+    assert re.search(
+        r"^spec watch: speculation_off: mean acceptance length 1\.\d\d < floor 2\.20 at k=3\.00 "
+        r"for 2 windows of at least 20 drafts$",
+        watch_lines(box),
+        re.M,
+    ), watch_lines(box)
+    dropin = box.out("cat /etc/systemd/system/vllm.service.d/50-spec-watch.conf")
+    assert "--speculative-config" not in dropin and "ExecStart=\n" in dropin, dropin
+    metric = box.out("cat /var/lib/prometheus/node-exporter/specfleet_spec_watch.prom")
+    assert 'specfleet_spec_watch_acted{action="speculation_off"} 1' in metric, metric
+
+    # The next deploy of the same drafter: it says what the watcher did and keeps it (no restart, no
+    # gate on a server without speculation); the server serves, without drafting.
+    again = scenario.play("deploy.yml", "-e", f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}", *WATCH)
+    assert again.ok, str(again)
+    said = again.one(host=host, role="spec_watch", action="debug").msg
+    assert said.startswith(f"{host}: the spec watcher turned speculation off at {account['at']} "), said
+    assert said.endswith("it stays until a deploy ships another drafter, or -e spec_watch_clear=true"), said
+    assert not again.changed_results(host=host, role="vllm_service", action="systemd_service"), str(again)
+    assert not again.ran(host=host, role="gate", action=SMOKE), str(again)
+    assert box.exists("/etc/systemd/system/vllm.service.d/50-spec-watch.conf")
+    assert "spec_decode_num_drafts_total" not in box.out(
+        'python3 -c "import urllib.request as u; '
+        "print(u.urlopen('http://127.0.0.1:8000/metrics').read().decode())\""
+    )
+
+
 def plain_deploy_passes_again(scenario):
     # The inventory's own settings again: its drafter back, served and passing the gate, and recorded as
     # the box's last known good in place of the ungated one.
@@ -268,6 +338,14 @@ def plain_deploy_passes_again(scenario):
     restore = scenario.play("deploy.yml")
     assert restore.ok, str(restore)
     assert restore.changed_results(host=host, role="eagle3_drafter"), str(restore)
+    # Another drafter ends the watcher's fallback, and the watcher goes (spec_watch_enabled is false).
+    assert restore.changed_results(host=host, role="spec_watch", file="spec_watch/tasks/main.yml"), str(
+        restore
+    )
+    assert restore.changed_results(host=host, role="spec_watch", file="spec_watch/tasks/remove.yml"), str(
+        restore
+    )
+    assert not scenario.box.exists("/etc/systemd/system/vllm.service.d/50-spec-watch.conf")
     assert restore.changed_results(host=host, role="last_good"), str(restore)
     smoke = restore.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
     metrics = smoke.facts["vllm_spec_smoke"]
