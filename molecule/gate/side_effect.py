@@ -374,3 +374,6 @@ def fleet_report_from_the_box(scenario):
         "mean-acceptance-length",
         "per-position-acceptance",
     ]
+    # Drawn: the box's passing bar, in a screenshot kept with the scenario's files.
+    shot = browser.screenshot(reports / "fleet.html", scenario.workdir / "fleet-report.png")
+    assert browser.colours(shot).get((0x1F, 0x77, 0xB4), 0) > 500, shot

@@ -205,6 +205,12 @@ def test_each_box_is_held_to_its_floor_at_the_k_it_drafts(exported, tmp_path):
                     "eval_time": "20m",
                     "exp_samples": [],
                 },
+                # 100 drafts a minute.
+                {
+                    "expr": "round(specfleet:spec_decode_drafts:rate5m{host='good-box'}, 0.001)",
+                    "eval_time": "20m",
+                    "exp_samples": [{"labels": f'{{host="good-box", model_name="{MODEL}"}}', "value": 1.667}],
+                },
                 {
                     "expr": "round(specfleet:spec_decode_position_acceptance:ratio5m{host='good-box'}, 0.01)",
                     "eval_time": "20m",
