@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The installed box image: the sim box image after sim/prepare.yml and `deploy.yml --tags vllm`
 # (vLLM's virtualenv from the wheelhouse, the CPU build's fixes), committed once per content hash
-# of what made it. The scenarios that are not about installing (eagle3, gate) start from it; the
-# default scenario and scripts/demo still install from scratch.
+# of what made it. The scenarios that are not about installing (eagle3, gate) start from it, without a
+# prepare step of their own; the default scenario and scripts/demo still install from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,11 +10,14 @@ base="${SPECFLEET_SIM_IMAGE:-localhost/specfleet-simbox:bookworm}"
 image=localhost/specfleet-simbox:installed
 box=specfleet-installed-image
 
+cache_dir="${SPECFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specfleet}"
 content=$(
   {
     podman image inspect --format '{{.Id}}' "$base"
-    # What decides the image's content: the install role, the sim box and the inventory's pins.
-    find roles/vllm sim/prepare.yml sim/roles inventory/local -type f -print0 | sort -z | xargs -0 sha256sum
+    # What decides the image's content: the install role, the sim box (its models and the controller
+    # key it authorizes: the scenarios that start from this image skip prepare) and the inventory's pins.
+    find roles/vllm sim/prepare.yml sim/roles sim/build_models.py inventory/local -type f -print0 | sort -z | xargs -0 sha256sum
+    cat "$cache_dir/ssh/id_ed25519.pub"
   } | sha256sum | cut -c1-16
 )
 if [ "$(podman image inspect --format '{{index .Labels "specfleet.content"}}' "$image" 2>/dev/null)" = "$content" ]; then

@@ -363,6 +363,8 @@ class Scenario:
                 else:
                     self.molecule(step)
                 if step == "create":
+                    # Booted before anything reaches it (without prepare, converge comes next).
+                    self.box.sh("systemctl is-system-running --wait >/dev/null", check=False)
                     ssh_inventory(self.ssh_inventory, self.host, self.box.container)
                 hook = getattr(python, f"after_{step}", None)
                 if hook:
