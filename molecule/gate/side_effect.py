@@ -26,6 +26,13 @@ SMOKE = "vllm_spec_smoke"
 METRICS_LOG_INTERVAL_S = 12
 
 
+def ship(scenario, drafter, *args, **kwargs):
+    """`deploy.yml --tags eagle3` with one of the sim's drafters, as an operator ships a new one."""
+    return scenario.play(
+        "deploy.yml", "--tags", "eagle3", "-e", f"eagle3_drafter_source={MODELS / drafter}", *args, **kwargs
+    )
+
+
 def load_matches_vllms_own_log(scenario):
     box, host = scenario.box, scenario.host
     time.sleep(METRICS_LOG_INTERVAL_S)
@@ -145,15 +152,7 @@ def alerts_on_the_15_percent_drafter(scenario, prometheus):
     drift after a gate passed): under the same load, the box's acceptance alerts fire at its floors and
     its third draft position (accepted in 4% of drafts) is collapsed; then every dashboard panel has data."""
     host = scenario.host
-    ungated = scenario.play(
-        "deploy.yml",
-        "--tags",
-        "eagle3",
-        "-e",
-        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
-        "-e",
-        "gate_enabled=false",
-    )
+    ungated = ship(scenario, "eagle3-known-1.4", "-e", "gate_enabled=false")
     assert ungated.ok, str(ungated)
     load = scenario.play("molecule/gate/load.yml")
     assert load.ok, str(load)
@@ -205,15 +204,8 @@ def low_drafter_rolled_back(scenario):
     # and what this run had changed, and the rollout stops before the second box. (One story: every
     # server restart costs a minute of the suite's two cores.)
     good = scenario.box.out("readlink /srv/drafters/current").strip()
-    random = scenario.play(
-        "deploy.yml",
-        "--tags",
-        "eagle3",
-        "-e",
-        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
-        "-e",
-        "gate_min_speedup=1000",
-        inventory=scenario.second_box_inventory,
+    random = ship(
+        scenario, "eagle3-known-1.4", "-e", "gate_min_speedup=1000", inventory=scenario.second_box_inventory
     )
     assert not random.ok, str(random)
     assert random.ran(host=host, role="gate", file="gate/tasks/baseline.yml", action=SMOKE), str(random)
@@ -240,14 +232,7 @@ def regressing_drafter_rolled_back(scenario):
     # The 3.0 drafter clears both floors, but falls more than 10% (gate_max_regression) under the best
     # mean acceptance length recorded on this box for the gate's workload (3.37, at converge): failed
     # and restored all the same.
-    regressing = scenario.play(
-        "deploy.yml",
-        "--tags",
-        "eagle3",
-        "-e",
-        f"eagle3_drafter_source={MODELS / 'eagle3-known-3.0'}",
-        inventory=scenario.second_box_inventory,
-    )
+    regressing = ship(scenario, "eagle3-known-3.0", inventory=scenario.second_box_inventory)
     line = assert_restored(regressing, scenario.box, host, [f"drafter link -> {good}"])
     best = theory("eagle3-known-3.4")["expected"]["mean_acceptance_length"]
     assert re.match(
