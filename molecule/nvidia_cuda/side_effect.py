@@ -26,7 +26,9 @@ VERIFY = "nvidia_cuda/tasks/verify.yml"
 OPEN_DRIVER = "nvidia-open-575=575.64.03-*"
 FABRIC_MANAGER = "nvidia-fabricmanager-575=575.64.03-*"
 SIM_SMI = "/usr/local/share/sim-nvidia-smi"
+SIM_PCI = "/usr/local/share/sim-pci"
 NVSWITCH_BOARD = ROOT / "tests/fixtures/nvidia-smi/h100-8gpu-nvlink-nics"
+NVSWITCH_BUS = ROOT / "tests/fixtures/pci-bus/hgx-h100-8gpu-nvswitch"
 
 
 def args(result: dict) -> dict:
@@ -144,12 +146,14 @@ def local_debs(scenario) -> None:
 
 
 def nvswitch(scenario) -> None:
-    """The box seen as an 8-GPU NVSwitch board: fabric manager comes, version-locked to the driver, and
-    its service starts; the source goes back from the directory of .debs to the signed repository."""
+    """The box seen as an 8-GPU NVSwitch board (its PCI bus shows the NVSwitches): fabric manager comes,
+    version-locked to the driver, and its service starts; the source goes back from the directory of
+    .debs to the signed repository."""
     host, box = scenario.host, scenario.box
-    for name in ("topo-m.txt", "query-noheader.csv"):
-        box.write(f"{SIM_SMI}/{name}", (NVSWITCH_BOARD / name).read_text())
-        box.sh(f"chmod 0644 {SIM_SMI}/{name}")
+    recordings = [(SIM_SMI, NVSWITCH_BOARD, name) for name in ("topo-m.txt", "query-noheader.csv")]
+    for directory, fixture, name in [*recordings, (SIM_PCI, NVSWITCH_BUS, "lspci-Dnn.txt")]:
+        box.write(f"{directory}/{name}", (fixture / name).read_text())
+        box.sh(f"chmod 0644 {directory}/{name}")
 
     run = scenario.play(CONVERGE, *UPGRADE, "--check")
     assert run.ok, str(run)

@@ -45,7 +45,7 @@ def assert_stopped_untouched(run, box, reason):
     assert not run.ok, str(run)
     failures = run.failures(HOST)
     assert any(reason in message for message in failures), failures
-    # Only the checks ran: every failure is in preflight or the topology read before it.
+    # Only the checks ran: every failure is in preflight or the PCI bus read before it.
     assert all(r.role in ("gpu_topology", "preflight") for r in run.select(host=HOST, status="failed")), str(
         run
     )
@@ -59,11 +59,16 @@ def assert_stopped_untouched(run, box, reason):
 @pytest.mark.parametrize(
     ("extra_vars", "reason"),
     [
+        # Without lspci the module reads sysfs: the container's real PCI bus, with no NVIDIA device on it.
         (
-            ["-e", "gpu_topology_nvidia_smi=nvidia-smi-missing"],
-            "nvidia-smi-missing not found",
+            ["-e", "gpu_topology_lspci=lspci-not-installed"],
+            "no NVIDIA GPU on the PCI bus of sim-gpu-box (read from sysfs): no vendor 10de VGA or 3D "
+            "controller",
         ),
-        (["-e", "preflight_gpu_count=4"], "the inventory says 4 GPUs but nvidia-smi found 8 on sim-gpu-box"),
+        (
+            ["-e", "preflight_gpu_count=4"],
+            "the inventory says 4 GPUs but the PCI bus of sim-gpu-box shows 8 (GeForce RTX 4090)",
+        ),
         (["-e", "preflight_min_free_disk_gb=1000000"], "GB needed (preflight_min_free_disk_gb)"),
         (
             ["-e", "vllm_service_model_path=/srv/models/no-such-model"],
@@ -102,7 +107,7 @@ def assert_stopped_untouched(run, box, reason):
         ),
     ],
     ids=[
-        "no-nvidia-smi",
+        "no-gpu-on-bus",
         "gpu-count",
         "disk",
         "model-path",
@@ -202,3 +207,22 @@ def test_a_failed_change_on_a_box_without_a_last_known_good(box, deploy, restore
     )
     assert not box.exists("/var/lib/specfleet/deploy.lock")
     assert result.changed(HOST) == 0, str(result)
+
+
+def test_a_gpu_the_driver_does_not_see_stops_before_vllm(box, deploy):
+    """A GPU on the PCI bus that nvidia-smi does not list (fallen off the bus): the run stops once the
+    driver answers, before vLLM is touched, and names the GPU's address."""
+    bus = "/usr/local/share/sim-pci/lspci-Dnn.txt"
+    ninth = "0000:c1:00.0 VGA compatible controller [0300]: NVIDIA Corporation AD102 [GeForce RTX 4090]"
+    box.sh(f"cp {bus} {bus}.orig && echo '{ninth} [10de:2684] (rev a1)' >> {bus}")
+    try:
+        result = deploy("-e", "preflight_gpu_count=0")
+    finally:
+        box.sh(f"mv {bus}.orig {bus}")
+    assert not result.ok, str(result)
+    failed = result.ran(host=HOST, role="preflight", file="preflight/tasks/gpus.yml", status="failed")
+    assert [r.msg for r in failed] == [
+        "nvidia-smi sees 8 of the 9 NVIDIA GPUs on the PCI bus of sim-gpu-box; not seen: c1:00.0"
+    ], str(result)
+    assert result.changed(HOST) == 0, str(result)
+    assert not box.exists("/etc/systemd/system/vllm.service")
