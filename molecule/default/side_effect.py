@@ -1,12 +1,15 @@
-"""The user's own `--tags nccl_tune` and `--tags spec_tune` command lines against the converged box,
-checked on their structured results; testinfra (tests/) then checks the box itself."""
+"""The user's own `--tags nccl_tune` and `--tags spec_tune` command lines against the converged box, then
+a driver upgrade on the serving box, checked on their structured results; testinfra (tests/) then checks
+the box itself."""
 
 import json
 import re
 
 from ansible.module_utils.spec_schedule import k_for_batch
 
-DRIVER_FILE = "/usr/local/share/sim-nvidia-smi/driver-version"
+# The driver the stand-in nvidia-smi package says is loaded; a reboot would load the installed one.
+LOADED_DRIVER = "/run/sim-nvidia/driver-version"
+UPGRADE = ("-e", "nvidia_cuda_driver_version=575.64.03")
 TUNE = ("--tags", "nccl_tune")
 SPEC_TUNE = ("--tags", "spec_tune")
 TRIAL = {"role": "vllm_service", "file": "vllm_service/tasks/trial.yml", "action": "systemd_service"}
@@ -140,18 +143,51 @@ def side_effect(scenario):
     assert again.ok and again.changed(host) == 0, str(again)
     assert nccl_choice(again, host)["source"] == "kept", str(again)
 
-    # Another driver on the simulated GPUs: a measurement is due again; check mode runs none.
-    scenario.box.write(DRIVER_FILE, "580.95.05\n")
-    new_driver = scenario.play("deploy.yml", *TUNE, "--check")
-    assert new_driver.ok and new_driver.changed(host) > 0, str(new_driver)
-    due = new_driver.one(host=host, role="nccl_tune", file="nccl_tune/tasks/measure.yml", action="nccl_tune")
-    assert due.changed and due.result["measurement_due"], due.result
-    assert "would measure: driver 575.57.08 -> 580.95.05" in due.facts["nccl_tune"]["reason"], due.result
-    assert scenario.box.out(f"cat {DRIVER_FILE}") == "580.95.05\n"
-    scenario.box.write(DRIVER_FILE, "575.57.08\n")
-
     # A plain deploy keeps the measured environment: nothing changes.
     deploy = scenario.play("deploy.yml")
     assert deploy.ok and deploy.changed(host) == 0, str(deploy)
 
     tune_speculation(scenario)
+    upgrade_driver(scenario)
+
+
+def upgrade_driver(scenario):
+    """A new driver version on the serving box, one run: the server stops before the packages move, the
+    driver is upgraded and held (the reboot that loads it is skipped in a container, and said), the server
+    starts again, serves and passes the gate. After the reboot, an NCCL measurement is due again."""
+    host, box = scenario.host, scenario.box
+    run = scenario.play("deploy.yml", *UPGRADE)
+    assert run.ok, str(run)
+    packages = {"host": host, "role": "nvidia_cuda", "file": "nvidia_cuda/tasks/packages.yml"}
+    stopped = run.one(**packages, action="systemd_service")
+    driver = [
+        r
+        for r in run.ran(**packages, action="apt")
+        if "nvidia-open-575=575.64.03-*"
+        in r.result.get("invocation", {}).get("module_args", {}).get("package", [])
+    ]
+    assert stopped.changed and [r.changed for r in driver] == [True], str(run)
+    # The order: stopped, then upgraded, then started and gated.
+    order = [r.action.rsplit(".", 1)[-1] + ":" + r.role for r in run.changed_results(host=host)]
+    assert order.index("systemd_service:nvidia_cuda") < order.index("apt:nvidia_cuda"), order
+    started = run.ran(
+        host=host, role="vllm_service", file="vllm_service/tasks/run.yml", action="systemd_service"
+    )
+    assert [r.changed for r in started] == [True], str(run)
+    assert run.ran(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke"), str(run)
+    skipped = f"reboot needed and skipped on {host}: driver 575.64.03 is installed but not loaded"
+    reboot = run.one(
+        host=host, role="nvidia_cuda", file="nvidia_cuda/tasks/reboot.yml", action="ansible.builtin.debug"
+    )
+    assert skipped in reboot.msg, str(run)
+    held = box.out("dpkg-query --show --showformat='${Version} ${db:Status-Abbrev}' nvidia-open-575")
+    assert held.strip() == "575.64.03-1 hi", held
+    assert box.sh("systemctl is-active vllm", check=False).stdout.strip() == "active"
+
+    # What the reboot does: the installed driver is loaded. A measurement is due again; check mode runs none.
+    box.sh(f"echo 575.64.03 > {LOADED_DRIVER} && rm -f /run/nvidia-cuda-reboot-required")
+    rebooted = scenario.play("deploy.yml", *UPGRADE, *TUNE, "--check")
+    assert rebooted.ok and rebooted.changed(host) > 0, str(rebooted)
+    due = rebooted.one(host=host, role="nccl_tune", file="nccl_tune/tasks/measure.yml", action="nccl_tune")
+    assert due.changed and due.result["measurement_due"], due.result
+    assert "would measure: driver 575.57.08 -> 575.64.03" in due.facts["nccl_tune"]["reason"], due.result

@@ -27,6 +27,8 @@ OPEN_DRIVER = "nvidia-open-575=575.64.03-*"
 FABRIC_MANAGER = "nvidia-fabricmanager-575=575.64.03-*"
 SIM_SMI = "/usr/local/share/sim-nvidia-smi"
 SIM_PCI = "/usr/local/share/sim-pci"
+# The driver the stand-in nvidia-smi package says is loaded (its postinst loads the first one installed).
+LOADED_DRIVER = "/run/sim-nvidia/driver-version"
 NVSWITCH_BOARD = ROOT / "tests/fixtures/nvidia-smi/h100-8gpu-nvlink-nics"
 NVSWITCH_BUS = ROOT / "tests/fixtures/pci-bus/hgx-h100-8gpu-nvswitch"
 
@@ -177,6 +179,6 @@ def nvswitch(scenario) -> None:
 def side_effect(scenario) -> None:
     upgrade(scenario)
     # What a reboot does to the box: the new driver answers, /run is empty again.
-    scenario.box.sh(f"echo 575.64.03 > {SIM_SMI}/driver-version && rm -f /run/nvidia-cuda-reboot-required")
+    scenario.box.sh(f"echo 575.64.03 > {LOADED_DRIVER} && rm -f /run/nvidia-cuda-reboot-required")
     local_debs(scenario)
     nvswitch(scenario)

@@ -226,3 +226,26 @@ def test_a_gpu_the_driver_does_not_see_stops_before_vllm(box, deploy):
     ], str(result)
     assert result.changed(HOST) == 0, str(result)
     assert not box.exists("/etc/systemd/system/vllm.service")
+
+
+def test_a_gpu_unfit_to_serve_stops_before_vllm(box, deploy):
+    """Every GPU with a row remapping that waits for a reset (as nvidia-smi -q -x prints it): the run stops
+    once the driver answers, in one line that names the GPUs and the inventory's choice."""
+    document = "/usr/local/share/sim-nvidia-smi/nvidia-smi-q.xml"
+    pending = "s|<remapped_row_pending>No<|<remapped_row_pending>Yes<|"
+    box.sh(f"cp {document} {document}.orig && sed -i '{pending}' {document}")
+    try:
+        result = deploy()
+    finally:
+        box.sh(f"mv {document}.orig {document}")
+    assert not result.ok, str(result)
+    failed = result.ran(host=HOST, role="preflight", file="preflight/tasks/gpus.yml", status="failed")
+    assert len(failed) == 1, str(result)
+    assert failed[0].msg.startswith(
+        "sim-gpu-box: 8 GPU problem(s): GPU 00000000:01:00.0 (NVIDIA GeForce RTX 4090): a row remapping "
+        "waits for a GPU reset (nvidia-smi -r or a reboot); GPU 00000000:21:00.0"
+    ), failed[0].msg
+    assert failed[0].msg.endswith("(preflight_gpu_health=stop; warn serves anyway)"), failed[0].msg
+    assert "\n" not in failed[0].msg
+    assert result.changed(HOST) == 0, str(result)
+    assert not box.exists("/etc/systemd/system/vllm.service")
