@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_health
-short_description: Report GPU memory errors, pending row remapping, Xid errors and IOMMU translation
+short_description: Report GPU memory errors, pending row remapping, Xid errors, IOMMU translation and ACS
 description:
   - Reads C(nvidia-smi -q -x) (one XML document for every GPU) and the kernel log since boot (C(dmesg)), and
     for each GPU the IOMMU group type in sysfs; returns the C(gpu_health) fact with one entry per problem.
@@ -16,6 +16,10 @@ description:
   - IOMMU DMA translation on a GPU (group type C(DMA) or C(DMA-FQ), not C(identity)) is a C(warning),
     since NCCL's peer-to-peer traffic between PCIe GPUs goes through the IOMMU and can hang or crawl. The
     fix is in the message (boot with C(iommu=pt), or turn the IOMMU off).
+  - PCIe Access Control Services that redirect peer-to-peer traffic (C(ReqRedir+), C(CmpltRedir+) or
+    C(EgressCtrl+) in C(lspci -vvv)'s C(ACSCtl)) on a bridge above a GPU are a C(warning) too, for the same
+    reason; the bridges are the GPU's parents in sysfs. The fix (BIOS, or C(setpci) until the next boot)
+    is in the message. Without C(lspci) this part is skipped and said in C(acs).
   - Changes nothing on the host; C(changed) is always C(false).
 options:
   nvidia_smi:
@@ -27,6 +31,10 @@ options:
     type: list
     elements: str
     default: []
+  lspci:
+    description: The C(lspci) to read the bridges' ACS state with; a bare name is looked up on E(PATH).
+    type: str
+    default: lspci
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.facts
@@ -85,6 +93,9 @@ ansible_facts:
         iommu:
           description: Per GPU address, its IOMMU group type (C(identity), C(DMA), C(DMA-FQ)), or C(off).
           type: dict
+        acs:
+          description: Per bridge above a GPU, its C(ACSCtl) line (C(none) without the capability).
+          type: dict
         problems:
           description: Each with C(gpu), C(kind), C(severity) (C(error), C(warning)), a one-line C(message).
           type: list
@@ -98,6 +109,9 @@ import xml.etree.ElementTree as ElementTree
 from ansible.module_utils.basic import AnsibleModule
 
 SYSFS_DEVICES = "/sys/bus/pci/devices"
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# ACS controls that send peer-to-peer requests and completions up to the root complex, or block them.
+ACS_REDIRECTS = ("ReqRedir+", "CmpltRedir+", "EgressCtrl+")
 # NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has fallen off the bus.
 XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+)")
 UNCORRECTABLE_FIELDS = (
@@ -170,7 +184,8 @@ def short_address(address):
     return match.group(1) if match else address.lower()
 
 
-def iommu_types(addresses, devices=SYSFS_DEVICES):
+def iommu_types(addresses, devices=None):
+    devices = devices or SYSFS_DEVICES
     types = {}
     for address in addresses:
         group = os.path.join(devices, address, "iommu_group")
@@ -183,7 +198,22 @@ def iommu_types(addresses, devices=SYSFS_DEVICES):
     return types
 
 
-def problems(gpus, xids, iommu):
+def upstream_bridges(address, devices=None):
+    """The PCI bridges between a GPU and its root complex, nearest first (its parents in sysfs)."""
+    path = os.path.join(devices or SYSFS_DEVICES, address)
+    if not os.path.exists(path):
+        return []
+    parents = [part for part in os.path.realpath(path).split(os.sep) if PCI_ADDRESS.match(part)]
+    return list(reversed(parents[:-1]))
+
+
+def parse_acs(lspci_vvv):
+    """The ACSCtl flags of one device's `lspci -vvv` block ("" without the capability)."""
+    match = re.search(r"^\s*ACSCtl:\s*(.+)$", lspci_vvv, re.MULTILINE)
+    return match.group(1).strip() if match else ""
+
+
+def problems(gpus, xids, iommu, acs=None, bridges=None):
     found = []
 
     def add(gpu, kind, severity, message):
@@ -228,6 +258,18 @@ def problems(gpus, xids, iommu):
                 "PCIe GPUs can hang or crawl: boot with iommu=pt (passthrough), or intel_iommu=off / "
                 "amd_iommu=off",
             )
+    for gpu, above in (bridges or {}).items():
+        for bridge in above:
+            control = (acs or {}).get(bridge, "")
+            if any(flag in control.split() for flag in ACS_REDIRECTS):
+                add(
+                    bridge,
+                    "acs",
+                    "warning",
+                    f"bridge {bridge} above GPU {gpu} redirects peer-to-peer traffic (ACSCtl: {control}); "
+                    "NCCL peer-to-peer between PCIe GPUs goes through the root complex and can hang: disable "
+                    f"ACS in the BIOS, or until the next boot: setpci -s {bridge} ECAP_ACS+0x6.w=0000",
+                )
     return found
 
 
@@ -236,6 +278,7 @@ def main():
         argument_spec={
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "gpus": {"type": "list", "elements": "str", "default": []},
+            "lspci": {"type": "str", "default": "lspci"},
         },
         supports_check_mode=True,
     )
@@ -255,12 +298,19 @@ def main():
     kernel_log = "read" if rc == 0 else f"not readable: {(err or log).strip()}"
     xids = parse_xid(log) if rc == 0 else []
     iommu = iommu_types(module.params["gpus"])
+    bridges = {gpu: upstream_bridges(gpu) for gpu in module.params["gpus"]}
+    acs = {}
+    lspci = module.get_bin_path(module.params["lspci"])
+    for bridge in sorted({bridge for above in bridges.values() for bridge in above}):
+        rc, block, _ = module.run_command([lspci, "-vvv", "-s", bridge]) if lspci else (1, "", "")
+        acs[bridge] = (parse_acs(block) or "none") if rc == 0 else "unknown (no lspci)"
     facts = {
         "gpus": gpus,
         "xid": xids,
         "kernel_log": kernel_log,
         "iommu": iommu,
-        "problems": problems(gpus, xids, iommu),
+        "acs": acs,
+        "problems": problems(gpus, xids, iommu, acs, bridges),
     }
     module.exit_json(changed=False, ansible_facts={"gpu_health": facts})
 

@@ -101,6 +101,23 @@ def tune_speculation(scenario):
     assert not trial_starts(rescored, host), str(rescored)
 
 
+def after_prepare(scenario):
+    """deploy.yml --check on the bare box: the checks that need no driver pass, the driver install is
+    described, and the dry run ends there for the box (nothing after the driver can be checked without
+    one); nothing changes."""
+    host, box = scenario.host, scenario.box
+    run = scenario.play("deploy.yml", "--check")
+    assert run.ok and run.changed(host) > 0, str(run)
+    verify = run.one(
+        host=host, role="nvidia_cuda", file="nvidia_cuda/tasks/verify.yml", action="ansible.builtin.debug"
+    )
+    assert "driver 575.57.08 would be installed (check mode)" in verify.msg, verify.msg
+    assert f"the dry run ends here for {host}" in verify.msg, verify.msg
+    assert not run.ran(host=host, role="vllm"), str(run)
+    assert box.sh("dpkg-query --show 'nvidia*'", check=False).returncode != 0
+    assert not box.exists("/etc/systemd/system/vllm.service")
+
+
 def side_effect(scenario):
     host = scenario.host
 
@@ -164,7 +181,7 @@ def upgrade_driver(scenario):
         r
         for r in run.ran(**packages, action="apt")
         if "nvidia-open-575=575.64.03-*"
-        in r.result.get("invocation", {}).get("module_args", {}).get("package", [])
+        in (r.result.get("invocation", {}).get("module_args", {}).get("package") or [])
     ]
     assert stopped.changed and [r.changed for r in driver] == [True], str(run)
     # The order: stopped, then upgraded, then started and gated.

@@ -58,7 +58,7 @@ def apt_install(run, host: str, package: str):
     found = [
         result
         for result in run.ran(host=host, role=ROLE, file=PACKAGES, action="ansible.builtin.apt")
-        if package in args(result.result).get("package", [])
+        if package in (args(result.result).get("package") or [])
     ]
     assert len(found) == 1, f"expected one apt task installing {package}, got {len(found)}\n{run}"
     return found[0]

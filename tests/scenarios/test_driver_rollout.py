@@ -41,9 +41,8 @@ def fleet(tmp_path_factory):
             json.dumps({"all": {"children": {"gpu_boxes": {"children": {"sim_boxes": {"hosts": hosts}}}}}})
         )
         sim = [ROOT / "inventory/local", boxes]
-        prepared = run_playbook(
-            "sim/prepare.yml", *LIMIT, "-e", "sim_box_driver_installed=false", inventory=sim
-        )
+        bare = {"sim_box_driver_installed": False}
+        prepared = run_playbook("sim/prepare.yml", *LIMIT, extra_vars=bare, inventory=sim)
         assert prepared.ok, str(prepared)
         served = run_playbook(
             "sim/stand_in_cuda_repo.yml",

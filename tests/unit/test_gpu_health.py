@@ -105,3 +105,60 @@ def test_module_not_xml_is_one_line(tmp_path, run_module):
     result = run_module(gpu_health, {"nvidia_smi": str(script)})
     assert result["failed"] is True
     assert result["msg"].startswith("gpu_health: nvidia-smi -q -x printed something that is not XML")
+
+
+BRIDGE = pathlib.Path(__file__).resolve().parent.parent / "fixtures/pci-bus/amd-matisse-downstream-port"
+
+
+def test_acs_of_a_real_bridge():
+    control = gpu_health.parse_acs((BRIDGE / "lspci-vvv-bridge.txt").read_text())
+    assert control == "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
+    found = gpu_health.problems([], [], {}, {"0000:03:02.0": control}, {"0000:06:00.0": ["0000:03:02.0"]})
+    assert [(p["gpu"], p["kind"], p["severity"]) for p in found] == [("0000:03:02.0", "acs", "warning")]
+    assert found[0]["message"].startswith("bridge 0000:03:02.0 above GPU 0000:06:00.0 redirects peer-to-peer")
+    assert found[0]["message"].endswith("setpci -s 0000:03:02.0 ECAP_ACS+0x6.w=0000")
+    # ACS off: nothing to say; no ACS capability at all: neither.
+    off = control.replace("ReqRedir+", "ReqRedir-").replace("CmpltRedir+", "CmpltRedir-")
+    assert gpu_health.problems([], [], {}, {"0000:03:02.0": off}, {"0000:06:00.0": ["0000:03:02.0"]}) == []
+    assert gpu_health.parse_acs("00:00.0 Host bridge: Intel Corporation Device\n\tControl: I/O- Mem+\n") == ""
+
+
+def sysfs_with_a_gpu_behind_a_switch(tmp_path):
+    """The layout of /sys/bus/pci/devices: links into /sys/devices, where a GPU sits behind a switch's
+    downstream port, behind a root port."""
+    real = tmp_path / "devices/pci0000:00/0000:00:01.2/0000:02:00.0/0000:03:02.0/0000:06:00.0"
+    real.mkdir(parents=True)
+    bus = tmp_path / "bus"
+    bus.mkdir()
+    (bus / "0000:06:00.0").symlink_to(real)
+    return bus
+
+
+def test_upstream_bridges_are_the_gpus_parents_in_sysfs(tmp_path):
+    bus = sysfs_with_a_gpu_behind_a_switch(tmp_path)
+    bridges = gpu_health.upstream_bridges("0000:06:00.0", devices=str(bus))
+    assert bridges == ["0000:03:02.0", "0000:02:00.0", "0000:00:01.2"]
+    assert gpu_health.upstream_bridges("0000:07:00.0", devices=str(bus)) == []
+
+
+def test_module_reads_the_bridges_acs_with_lspci(tmp_path, run_module, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat {H200 / 'nvidia-smi-q.xml'}\n")
+    lspci = tmp_path / "lspci"
+    # Only the downstream port answers with its real capture; the others have no ACS capability.
+    lspci.write_text(
+        f'#!/bin/sh\nif [ "$*" = "-vvv -s 0000:03:02.0" ]; then cat {BRIDGE / "lspci-vvv-bridge.txt"}; fi\n'
+    )
+    for script in (smi, lspci):
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    # The hardware, at the edge: a sysfs tree in place of the box's.
+    monkeypatch.setattr(gpu_health, "SYSFS_DEVICES", str(sysfs_with_a_gpu_behind_a_switch(tmp_path)))
+    facts = run_module(gpu_health, {"nvidia_smi": str(smi), "lspci": str(lspci), "gpus": ["0000:06:00.0"]})
+    facts = facts["ansible_facts"]["gpu_health"]
+    assert facts["acs"] == {
+        "0000:00:01.2": "none",
+        "0000:02:00.0": "none",
+        "0000:03:02.0": "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-",
+    }
+    assert facts["iommu"] == {"0000:06:00.0": "off"}
+    assert [(p["kind"], p["gpu"]) for p in facts["problems"]] == [("acs", "0000:03:02.0")]
