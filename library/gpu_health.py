@@ -12,7 +12,8 @@ description:
     for each GPU the IOMMU group type in sysfs; returns the C(gpu_health) fact with one entry per problem.
   - Problems that make a GPU unfit to serve (C(severity=error)) are uncorrectable ECC errors since the driver
     loaded (volatile), a row remapping that waits for a GPU reset (pending), a failed row remapping, a page
-    retirement that waits for a reset, and Xid errors in the kernel log since boot.
+    retirement that waits for a reset, and Xid errors in the kernel log since boot (those NVIDIA's Xid
+    catalogue puts down to an application, 13, 31, 43 and 45, are warnings).
   - IOMMU DMA translation on a GPU (group type C(DMA) or C(DMA-FQ), not C(identity)) is a C(warning),
     since NCCL's peer-to-peer traffic between PCIe GPUs goes through the IOMMU and can hang or crawl. The
     fix is in the message (boot with C(iommu=pt), or turn the IOMMU off).
@@ -110,6 +111,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 SYSFS_DEVICES = "/sys/bus/pci/devices"
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# Xids NVIDIA's catalogue puts down to a user application (graphics engine exception, GPU memory page
+# fault, GPU stopped processing, preemptive cleanup): said, not a reason to take the box out.
+APPLICATION_XIDS = {13, 31, 43, 45}
 # ACS controls that send peer-to-peer requests and completions up to the root complex, or block them.
 ACS_REDIRECTS = ("ReqRedir+", "CmpltRedir+", "EgressCtrl+")
 # NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has fallen off the bus.
@@ -247,7 +251,8 @@ def problems(gpus, xids, iommu, acs=None, bridges=None):
                 gpu["bus_id"], "page_retirement", "error", f"{where}: a page retirement waits for a GPU reset"
             )
     for xid in xids:
-        add(xid["pci"], "xid", "error", f"Xid {xid['code']} on PCI {xid['pci']} since boot: {xid['line']}")
+        severity = "warning" if xid["code"] in APPLICATION_XIDS else "error"
+        add(xid["pci"], "xid", severity, f"Xid {xid['code']} on PCI {xid['pci']} since boot: {xid['line']}")
     for address, kind in iommu.items():
         if kind.startswith("DMA"):
             add(

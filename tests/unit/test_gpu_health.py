@@ -70,6 +70,10 @@ def test_xid_since_boot():
     assert [(x["pci"], x["code"]) for x in xids] == [("0000:01:00", 32), ("0000:01:00", 32)]
     found = gpu_health.problems([], xids, {})
     assert found[0]["message"].startswith("Xid 32 on PCI 0000:01:00 since boot: [ 1399.140323] NVRM: Xid")
+    assert {p["severity"] for p in found} == {"error"}
+    # An application's page fault (Xid 31) is said, not a reason to stop the box.
+    fault = [{"pci": "0000:01:00", "code": 31, "line": "NVRM: Xid (PCI:0000:01:00): 31"}]
+    assert [p["severity"] for p in gpu_health.problems([], fault, {})] == ["warning"]
 
 
 def test_iommu_translation_is_a_warning_with_the_fix(tmp_path):
