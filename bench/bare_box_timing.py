@@ -11,37 +11,23 @@ nothing, and a run that upgrades the driver on the serving box. Removes the box 
 
 import json
 import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from sim_bench import ROOT, box_vars, playbook
+
 BOX = "specfleet-bench-bare"
 # Reached over SSH like the default box, on ports of its own.
-EXTRA = ["-e", f"sim_box_container={BOX}", "-e", "ansible_port=22125", "-e", "sim_box_host_port=18002"]
+EXTRA = box_vars(BOX, 22125, 18002)
 STAND_IN = ["-e", f"@{ROOT / 'sim/stand_in_cuda_repo_vars.yml'}"]
-
-
-def playbook(name, *args):
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), name, *EXTRA, *args], cwd=ROOT, capture_output=True, text=True
-    )
-    elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        sys.exit(f"{name} failed:\n{result.stdout[-3000:]}")
-    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
-    return elapsed, recap[-1].split(":", 1)[1].strip(), result.stdout
 
 
 def main():
     subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
     try:
         with tempfile.TemporaryDirectory(prefix="specfleet-bench-repo-") as repo:
-            playbook("sim/start.yml", "-e", json.dumps({"sim_box_driver_installed": False}))
+            playbook(EXTRA, "sim/start.yml", "-e", json.dumps({"sim_box_driver_installed": False}))
             playbook(
+                EXTRA,
                 "sim/stand_in_cuda_repo.yml",
                 "-e",
                 json.dumps({"sim_cuda_repo_dir": f"{repo}/cuda-repo", "sim_cuda_repo_sole_source": False}),
@@ -50,12 +36,12 @@ def main():
             ["podman", "exec", BOX, "sh", "-c", "command -v nvidia-smi"], capture_output=True
         )
         print(f"before: nvidia-smi on the box   : {'yes' if bare.returncode == 0 else 'no (a bare box)'}")
-        first, first_recap, _ = playbook("deploy.yml", *STAND_IN)
+        first, first_recap, _ = playbook(EXTRA, "deploy.yml", *STAND_IN)
         print(f"bare box -> gate passed, 1 run : {first:7.1f} s   ({first_recap})")
-        second, second_recap, _ = playbook("deploy.yml", *STAND_IN)
+        second, second_recap, _ = playbook(EXTRA, "deploy.yml", *STAND_IN)
         print(f"second run, nothing to change  : {second:7.1f} s   ({second_recap})")
         upgrade, upgrade_recap, upgrade_out = playbook(
-            "deploy.yml", *STAND_IN, "-e", "nvidia_cuda_driver_version=575.64.03"
+            EXTRA, "deploy.yml", *STAND_IN, "-e", "nvidia_cuda_driver_version=575.64.03"
         )
         skipped = "reboot needed and skipped" in upgrade_out
         print(f"driver upgrade, serving box    : {upgrade:7.1f} s   ({upgrade_recap})")

@@ -10,27 +10,12 @@ shipped with --tags eagle3, against the engine's own restart time inside it. Rem
 
 import json
 import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from sim_bench import ROOT, box_vars, playbook
+
 BOX = "specfleet-bench"
 # Reached over SSH like the default box, on ports of its own.
-EXTRA = ["-e", f"sim_box_container={BOX}", "-e", "ansible_port=22124", "-e", "sim_box_host_port=18001"]
-
-
-def playbook(name, *args):
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(BIN / "ansible-playbook"), name, *EXTRA, *args], cwd=ROOT, capture_output=True, text=True
-    )
-    elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        sys.exit(f"{name} failed:\n{result.stdout[-3000:]}")
-    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
-    return elapsed, recap[-1].split(":", 1)[1].strip()
+EXTRA = box_vars(BOX, 22124, 18001)
 
 
 def box(*command):
@@ -58,15 +43,16 @@ def vllm_time_to_ready():
 def main():
     subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
     try:
-        playbook("sim/start.yml")
-        first, first_recap = playbook("deploy.yml")
-        second, second_recap = playbook("deploy.yml")
+        playbook(EXTRA, "sim/start.yml")
+        first, first_recap, _ = playbook(EXTRA, "deploy.yml")
+        second, second_recap, _ = playbook(EXTRA, "deploy.yml")
         print(f"first deploy.yml on a fresh box : {first:7.1f} s   ({first_recap})")
         print(f"second run, nothing to change   : {second:7.1f} s   ({second_recap})")
         print(f"ratio first / second            : {first / second:7.1f} x")
         print(f"vLLM start to ready (in run 1)  : {vllm_time_to_ready():7.1f} s")
         drafter = ROOT / "build/sim-models/eagle3-known-3.0"
-        ship, ship_recap = playbook(
+        ship, ship_recap, _ = playbook(
+            EXTRA,
             # under the 3.4 drafter's best record: shipped knowingly, as the timing is the point
             "deploy.yml",
             "--tags",

@@ -182,12 +182,6 @@ def parse_xid(kernel_log):
     ]
 
 
-def short_address(address):
-    """01:00 of 0000:01:00.0 / 00000000:01:00.0 / 0000:01:00 (Xid names the device without its function)."""
-    match = re.search(r"([0-9a-f]{2}:[0-9a-f]{2})(?:\.[0-7])?$", address.lower())
-    return match.group(1) if match else address.lower()
-
-
 def iommu_types(addresses, devices=None):
     devices = devices or SYSFS_DEVICES
     types = {}
