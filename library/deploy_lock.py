@@ -130,7 +130,7 @@ def hold(module, path, holder, token, stale_after_s):
         if age < stale_after_s:
             module.fail_json(
                 msg=f"another deploy holds this box: {lock.get('holder') or 'unknown'} since "
-                f"{lock.get('since', '?')} ({age / 60:.0f} min ago); it is taken over as stale after "
+                f"{lock.get('since', '?')} ({int(age // 60)} min ago); it is taken over as stale after "
                 f"{stale_after_s / 3600:g} h, or remove {path} once that run is gone",
                 lock={k: lock.get(k) for k in ("holder", "since")},
             )
