@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import ansible.module_utils
+from sim_bench import box_vars
 from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +51,6 @@ FLOOR = 2.2  # roles/gate/defaults: gate_min_mean_acceptance_length
 GROUP_VARS = (ROOT / "inventory/local/group_vars/sim_boxes.yml").read_text()
 API_KEY = re.search(r"^vllm_service_api_key: (\S+)$", GROUP_VARS, re.M).group(1)
 EXTRA = {
-    "ansible_port": SSH_PORT,
-    "sim_box_container": BOX,
-    "sim_box_host_port": HTTP_PORT,
     "sim_box_image": "localhost/specfleet-simbox:installed",
     "sim_box_models": ["tokenmap"],
     "vllm_service_model_path": "/srv/models/tokenmap",
@@ -65,7 +63,14 @@ EXTRA = {
 
 def playbook(name, *args, **extra):
     started = time.monotonic()
-    command = [str(BIN / "ansible-playbook"), name, "-e", json.dumps({**EXTRA, **extra}), *args]
+    command = [
+        str(BIN / "ansible-playbook"),
+        name,
+        *box_vars(BOX, SSH_PORT, HTTP_PORT),
+        "-e",
+        json.dumps({**EXTRA, **extra}),
+        *args,
+    ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"{name} {' '.join(args)} failed:\n{result.stdout[-4000:]}")

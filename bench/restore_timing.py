@@ -12,6 +12,7 @@ completion. Removes the box after.
 
 import datetime
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import ansible_runner
 import yaml
+from sim_bench import box_vars
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BOX = "specfleet-bench-restore"
-EXTRA = {"sim_box_container": BOX, "ansible_port": 22125, "sim_box_host_port": 18002}
+INVENTORY = box_vars(BOX, 22125, 18002)
 GROUP_VARS = yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").read_text())
 # A restore should cost one server start and little more: failure detected -> serving again within
 # this many times the restore's own start (its restart task to its readiness answer).
@@ -41,8 +43,8 @@ def play(playbook, extra=None, tags=None):
             private_data_dir=private,
             project_dir=str(ROOT),
             playbook=str(ROOT / playbook),
-            inventory=str(ROOT / "inventory/local"),
-            extravars={**EXTRA, **(extra or {})},
+            cmdline=shlex.join(INVENTORY),
+            extravars=extra or {},
             tags=tags,
             envvars={"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
             quiet=True,

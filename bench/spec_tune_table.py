@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from sim_bench import box_vars
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BOX = "specfleet-bench-tune"
@@ -34,14 +36,18 @@ LOAD_MINUTES = 10  # the projection: a large model's load time per server start
 
 def playbook(name, *args, **extra):
     base = {
-        "ansible_port": SSH_PORT,
-        "sim_box_container": BOX,
-        "sim_box_host_port": HTTP_PORT,
         "sim_box_image": "localhost/specfleet-simbox:installed",
         "sim_box_models": ["tokenmap"],
     }
     started = time.monotonic()
-    command = [str(BIN / "ansible-playbook"), name, "-e", json.dumps({**base, **extra}), *args]
+    command = [
+        str(BIN / "ansible-playbook"),
+        name,
+        *box_vars(BOX, SSH_PORT, HTTP_PORT),
+        "-e",
+        json.dumps({**base, **extra}),
+        *args,
+    ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"{name} {' '.join(args)} failed:\n{result.stdout[-4000:]}")

@@ -9,9 +9,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # dpkg-dev, gpg, gpg-agent: the nvidia_cuda scenario builds and signs a stand-in NVIDIA apt repository;
 # patch: the test that GNU patch applies the vLLM EAGLE-3 diffs as they are published;
-# openssh-client: the sim boxes are reached over SSH, as a fleet is;
+# openssh-client, rsync: the sim boxes are reached over SSH and drafters shipped with rsync, as a fleet is;
 # chromium: the fleet report is opened in a real headless browser.
-apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent patch openssh-client chromium)
+apt_packages=(podman runc mmdebstrap uidmap slirp4netns iproute2 python3-venv dpkg-dev gpg gpg-agent patch openssh-client rsync chromium)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
