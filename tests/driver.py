@@ -31,6 +31,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SECOND_BOX = "zz-second-box"
+REACH_CHECK = "roles/rollout/tasks/main.yml"
+# Actions that run on the controller alone.
+CONTROLLER_ACTIONS = {
+    f"ansible.builtin.{name}"
+    for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
+}
 STATUSES = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -99,7 +105,9 @@ class Run:
                     action=data.get("resolved_action") or data.get("task_action", ""),
                     file=file,
                     handler="/handlers/" in f"/{file}",
-                    ignored=bool(data.get("ignore_errors")),
+                    # ansible-runner's unreachable events carry no ignore flag: roles/rollout's reach check
+                    # ignores its own failure and says it again in the box's one line.
+                    ignored=bool(data.get("ignore_errors")) or file == REACH_CHECK,
                     result=data.get("res") or {},
                     name=data.get("task", ""),
                 )
@@ -120,6 +128,15 @@ class Run:
     def hosts(self) -> set[str]:
         """Hosts the play reached (any task result, skipped included)."""
         return {result.host for result in self.results}
+
+    def touched(self, host: str) -> bool:
+        """Whether anything ran on the box: a task that ran with an action that reaches it (roles/rollout's
+        budget check and summary, and monitoring.yml's floors, only set facts on the controller; a reach
+        check that failed ran nothing)."""
+        return any(
+            r.action not in CONTROLLER_ACTIONS and not (r.file == REACH_CHECK and r.status != "ok")
+            for r in self.ran(host=host)
+        )
 
     def select(self, *, host=None, role=None, file=None, action=None, status=None, handler=None):
         """Results matching every given field; file matches by its end ('eagle3_drafter/tasks/switch.yml')."""
@@ -149,19 +166,23 @@ class Run:
         return found[0]
 
     def failures(self, host: str | None = None) -> list[str]:
-        """The messages of failed (not ignored) and unreachable results; of a loop, its failed items'."""
+        """The messages of failed (not ignored) and unreachable results; of a loop, its failed items'. A box's
+        line repeated by the run's summary (roles/rollout) is listed once."""
         messages = []
         for r in self.results:
             if r.status in ("failed", "unreachable") and not r.ignored and (host is None or r.host == host):
                 items = [item for item in r.result.get("results", []) if item.get("failed")]
-                messages += [str(item.get("msg", "")) for item in items] or [r.msg]
+                for message in [str(item.get("msg", "")) for item in items] or [r.msg]:
+                    if not (r.role == "rollout" and message in messages):
+                        messages.append(message)
         return messages
 
     def __str__(self) -> str:
         tail = "\n".join(self.stdout.splitlines()[-60:])
+        # The failures last: a truncated report (CI keeps a run's head and tail) still shows them.
         return (
-            f"$ {shlex.join(self.argv)}\nrc={self.rc} recap={json.dumps(self.stats.get('changed', {}))} "
-            f"failures={self.failures()}\n--- last lines of the output ---\n{tail}"
+            f"$ {shlex.join(self.argv)}\nrc={self.rc} recap={json.dumps(self.stats.get('changed', {}))}\n"
+            f"--- last lines of the output ---\n{tail}\n--- failures ---\n{self.failures()}"
         )
 
 
@@ -188,6 +209,8 @@ def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None, tim
                 "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
                 "ANSIBLE_NOCOLOR": "1",
                 "ANSIBLE_FORCE_COLOR": "0",
+                # ansible-runner turns host key checking off unless told; ansible-playbook's default is on.
+                "ANSIBLE_HOST_KEY_CHECKING": "True",
                 **(env or {}),
             },
             timeout=timeout,
