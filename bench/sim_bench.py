@@ -37,4 +37,5 @@ def playbook(box, name, *args, env=None):
     if result.returncode != 0:
         sys.exit(f"{name} failed:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
     recap = [line for line in result.stdout.splitlines() if "changed=" in line]
-    return elapsed, recap[-1].split(":", 1)[1].strip(), result.stdout
+    # None under the JSON callback, whose stats say the same.
+    return elapsed, recap[-1].split(":", 1)[1].strip() if recap else "", result.stdout
