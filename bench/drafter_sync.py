@@ -98,10 +98,14 @@ def run(*command, **kwargs):
     return time.monotonic() - started, result.stdout
 
 
+# The drafter's own tasks, and the controller-source staging it imports (shared with model_weights).
+SHIP_ROLES = "(?:eagle3_drafter|release_sync)"
+
+
 def task_seconds(output, prefix):
     """Sum of profile_tasks timings of the tasks whose name starts with prefix."""
     return sum(
-        float(m) for m in re.findall(rf"^eagle3_drafter : {re.escape(prefix)}.*?-+ ([0-9.]+)s$", output, re.M)
+        float(m) for m in re.findall(rf"^{SHIP_ROLES} : {re.escape(prefix)}.*?-+ ([0-9.]+)s$", output, re.M)
     )
 
 
@@ -164,7 +168,7 @@ def main():
         print(f"unchanged re-ship, whole playbook          : {again_s:6.1f} s")
         print("first ship's slowest tasks (profile_tasks):")
         recap = first_out.split("TASKS RECAP", 1)[-1]
-        for line in re.findall(r"^(eagle3_drafter : .*?) -+ ([0-9.]+s)$", recap, re.M)[:8]:
+        for line in re.findall(rf"^({SHIP_ROLES} : .*?) -+ ([0-9.]+s)$", recap, re.M)[:8]:
             print(f"  {line[1]:>7}  {line[0]}")
     finally:
         subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)

@@ -6,6 +6,7 @@ structured results; testinfra (tests/) then checks the box itself."""
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -15,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import yaml
-from driver import ROOT
+from driver import ROOT, SECOND_BOX
 from last_good_checks import UNIT, assert_restored
 from sim_box_client import GROUP_VARS
 
@@ -158,6 +159,7 @@ def side_effect(scenario):
     failed_changes_are_undone(scenario)
     a_broken_vllm_upgrade_is_undone(scenario)
     an_exited_server_is_started_again(scenario)
+    target_weights_are_shipped(scenario)
 
 
 def check_mode_says_what_a_failure_restores(scenario):
@@ -288,3 +290,83 @@ SIM = yaml.safe_load(GROUP_VARS.read_text())
 SIM_EXTRA_ARGS, SIM_VERSION = SIM["vllm_service_extra_args"], SIM["vllm_version"]
 BROKEN_VERSION = "0.32.1"
 WHEELHOUSE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet") / "wheelhouse"
+
+
+# The sim's target lies at /srv/models/tokenmap as a plain directory (sim/roles/sim_box).
+SERVED_DIRECTORY = "/srv/models/tokenmap"
+SHIPPED = "/srv/models/tokenmap-shipped"
+
+
+def served_model(box):
+    return re.search(r"vllm serve '([^']+)'", box.out(f"cat {UNIT}")).group(1)
+
+
+def target_weights_are_shipped(scenario):
+    """The target's weights from the controller (roles/model_weights): a served path that is a directory
+    is refused; a staged copy that differs from the controller's is never published; then the release
+    serves through a link, passes the gate, and a re-run changes nothing. Weights that fail the gate (a
+    target the drafter was not trained for) are undone: the link goes back to the release that passed."""
+    host, box = scenario.host, scenario.box
+    source = MODELS / "tokenmap"
+    ship = ("--tags", "model_weights", "-e", "gate_max_regression=0", "-e", f"model_weights_source={source}")
+
+    refused = scenario.play("deploy.yml", *ship)
+    assert not refused.ok and refused.changed(host) == 0, str(refused)
+    assert any(
+        f"{SERVED_DIRECTORY} on {host} is a directory, not a link" in message
+        for message in refused.failures(host)
+    ), str(refused)
+
+    # A new served path (the served model name stays the inventory's), the release named: a staged copy
+    # left by an earlier transfer holds the weights with one byte flipped, their size and time the
+    # controller's (what rsync's quick check takes for whole).
+    ship = (*ship, "-e", f"vllm_service_model_path={SHIPPED}")
+    staged = f"{SHIPPED}.releases/w1.partial"
+    shard = source / "model.safetensors"
+    box.sh(
+        f"mkdir -p {staged} && cp {SERVED_DIRECTORY}/model.safetensors {staged}/ && "
+        f"printf '\\377' | dd of={staged}/model.safetensors bs=1 seek=4096 conv=notrunc status=none && "
+        f"touch -d @{int(shard.stat().st_mtime)} {staged}/model.safetensors"
+    )
+    bad = scenario.play(
+        "deploy.yml", *ship, "-e", "model_weights_release=w1", inventory=scenario.second_box_inventory
+    )
+    assert not bad.ok, str(bad)
+    assert any(
+        f"the staged weights in {staged} differ from {source} in 1 file(s) (model.safetensors)" in message
+        for message in bad.failures(host)
+    ), str(bad)
+    assert not box.exists(SHIPPED) and not box.exists(f"{staged}/model.safetensors")
+    assert served_model(box) == SERVED_DIRECTORY and box.out("systemctl is-active vllm").strip() == "active"
+    assert not bad.touched(SECOND_BOX), str(bad)
+
+    # The next run sends what was removed, publishes w1 and serves it through the link; the gate passes.
+    shipped = scenario.play("deploy.yml", *ship, "-e", "model_weights_release=w1")
+    assert shipped.ok and restarted(shipped, host), str(shipped)
+    assert box.out(f"readlink {SHIPPED}").strip() == f"{SHIPPED}.releases/w1"
+    assert served_model(box) == SHIPPED
+    for path in sorted(source.iterdir()):
+        on_box = box.out(f"sha256sum {SHIPPED}/{path.name}").split()[0]
+        assert on_box == hashlib.sha256(path.read_bytes()).hexdigest(), path.name
+    smoke = shipped.one(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
+    assert smoke.facts["vllm_spec_smoke"]["passed"], smoke.result
+
+    again = scenario.play("deploy.yml", *ship, "-e", "model_weights_release=w1")
+    assert again.ok and again.changed(host) == 0, str(again)
+    checked = scenario.play("deploy.yml", *ship, "-e", "model_weights_release=w1", "--check")
+    assert checked.ok and checked.changed(host) == 0, str(checked)
+
+    # Another target's weights (same shapes and tokenizer, a drafter not trained for it) miss the gate:
+    # the served path goes back to w1.
+    other = scenario.play(
+        "deploy.yml",
+        *ship,
+        "-e",
+        f"model_weights_source={MODELS / 'tiny-llama'}",
+        "-e",
+        "model_weights_release=w2",
+        inventory=scenario.second_box_inventory,
+    )
+    line = assert_restored(other, box, host, [f"model link -> {SHIPPED}.releases/w1"])
+    assert line.startswith("gate failed on"), line
+    assert box.out(f"readlink {SHIPPED}").strip() == f"{SHIPPED}.releases/w1"

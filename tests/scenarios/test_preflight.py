@@ -14,6 +14,8 @@ BOX = "specfleet-preflight"
 HOST = "sim-gpu-box"  # the embedded default's box, here in a container of its own
 IMAGE = "localhost/specfleet-simbox:bookworm"
 SPECULATORS_DRAFTER = ROOT / "tests/fixtures/drafters/nm-testing-llama3.1-8b-speculators"
+# The target's weights on the controller, as roles/model_weights ships them.
+WEIGHTS = ("-e", f"model_weights_source={ROOT / 'build/sim-models/tokenmap'}")
 # The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
 pytestmark = pytest.mark.xdist_group("preflight")
 
@@ -105,6 +107,28 @@ def assert_stopped_untouched(run, box, reason):
             ["-e", "spec_tune_max_concurrency=512"],
             "spec_tune_max_concurrency=512 is above the server's max_num_seqs 8",
         ),
+        (
+            ["-e", "model_weights_source=/srv/no-such-checkpoint"],
+            "model_weights_source=/srv/no-such-checkpoint: no config.json there on the controller",
+        ),
+        ([*WEIGHTS, "-e", "model_weights_keep=1"], "model_weights_keep=1: keep at least 2 releases"),
+        # The sim's target lies at the served path as a directory (sim/roles/sim_box).
+        (
+            list(WEIGHTS),
+            "/srv/models/tokenmap on sim-gpu-box is a directory, not a link: model_weights_source serves its "
+            "releases through a link there",
+        ),
+        # Weights still on the controller: their config.json is read there (the new path need not exist).
+        (
+            [
+                *WEIGHTS,
+                "-e",
+                "vllm_service_model_path=/srv/models/new",
+                "-e",
+                "vllm_service_tensor_parallel_size=3",
+            ],
+            "vllm_service_tensor_parallel_size=3 does not split the model's 4 attention heads",
+        ),
     ],
     ids=[
         "no-gpu-on-bus",
@@ -119,6 +143,10 @@ def assert_stopped_untouched(run, box, reason):
         "k-above-trained",
         "schedule-needs-0.24",
         "tuner-concurrency",
+        "weights-source",
+        "weights-keep",
+        "weights-served-directory",
+        "weights-tp-heads",
     ],
 )
 def test_bad_input_stops_in_preflight(box, deploy, extra_vars, reason):

@@ -84,3 +84,29 @@ def test_module_fails_clearly_on_a_missing_or_empty_directory(tmp_path, run_modu
     (tmp_path / "empty").mkdir()
     result = run_module(dm, {"path": str(tmp_path / "empty")})
     assert result["failed"] and result["msg"] == f"{tmp_path / 'empty'} holds no files"
+
+
+def test_hashed_side_by_side_as_one_at_a_time(tmp_path):
+    root = make_checkpoint(tmp_path / "ckpt")
+    for shard in range(6):
+        (root / f"model-{shard:05d}.safetensors").write_bytes(os.urandom(8192 + shard))
+    alone, _ = dm.build_manifest(str(root), workers=1)
+    together, _ = dm.build_manifest(str(root), workers=4)
+    assert together == alone
+
+
+def test_module_names_what_a_copy_got_wrong(tmp_path, run_module):
+    source = make_checkpoint(tmp_path / "source")
+    expected = run_module(dm, {"path": str(source)})["files"]
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    assert run_module(dm, {"path": str(copy), "compare": expected})["differs"] == []
+    # Same size, one byte flipped: what a size-and-mtime check would take for whole.
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[100] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    (copy / "sub" / "extra.txt").unlink()
+    (copy / "stray.bin").write_bytes(b"?")
+    result = run_module(dm, {"path": str(copy), "compare": expected})
+    assert result["differs"] == ["model.safetensors", "stray.bin", "sub/extra.txt"]
+    assert "differs" not in run_module(dm, {"path": str(copy)})
