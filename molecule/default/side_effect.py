@@ -72,18 +72,18 @@ def tune_speculation(scenario):
     assert facts["identity"]["drafter_release"] and facts["identity"]["vllm_version"] == "0.32.0"
     assert facts["cost"]["server_starts"] == 3, facts["cost"]
     config = served_speculative_config(scenario)
-    assert config == facts["speculative_config"], (config, facts["speculative_config"])
+    # A k >= 1 is served: the scenario's inventory takes the fastest measured (spec_tune_min_gain -1).
+    assert config and config == facts["speculative_config"], (config, facts["speculative_config"])
     assert not scenario.box.exists("/run/systemd/system/vllm-trial.service")
     assert scenario.box.out("systemctl is-active vllm").strip() == "active"
-    if config:
-        smoke = tuned.one(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
-        gate = smoke.facts["vllm_spec_smoke"]
-        schedule = config.get("num_speculative_tokens_per_batch_size")
-        assert gate["k"] == k_for_batch(schedule, 1, config["num_speculative_tokens"]) in (1, 2), gate
-        # The server drafted exactly k at batch 1 (the gate checks it), against the floor for that k.
-        assert gate["num_draft_tokens"] == gate["k"] * gate["num_drafts"], gate
-        assert gate["floors"]["min_mean_acceptance_length"] == {1: 1.6073, 2: 1.9761}[gate["k"]], gate
-        assert gate["passed"], gate
+    smoke = tuned.one(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
+    gate = smoke.facts["vllm_spec_smoke"]
+    schedule = config.get("num_speculative_tokens_per_batch_size")
+    assert gate["k"] == k_for_batch(schedule, 1, config["num_speculative_tokens"]) in (1, 2), gate
+    # The server drafted exactly k at batch 1 (the gate checks it), against the floor for that k.
+    assert gate["num_draft_tokens"] == gate["k"] * gate["num_drafts"], gate
+    assert gate["floors"]["min_mean_acceptance_length"] == {1: 1.6073, 2: 1.9761}[gate["k"]], gate
+    assert gate["passed"], gate
 
     # Nothing changed on the box since: the kept table is used, no server starts, nothing changes.
     again = scenario.play("deploy.yml", *SPEC_TUNE)
@@ -194,12 +194,8 @@ def upgrade_driver(scenario):
     completion = {"host": host, "role": "vllm_service", "file": "vllm_service/tasks/ready.yml"}
     served = run.ran(**completion, action="ansible.builtin.uri")
     assert served and all(r.status == "ok" for r in served), str(run)
-    # The gate judges speculation where the box serves it: the tuner above may have chosen k = 0.
     gated = run.ran(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
-    if served_speculative_config(scenario):
-        assert [r.facts["vllm_spec_smoke"]["passed"] for r in gated] == [True], str(run)
-    else:
-        assert not gated, str(run)
+    assert [r.facts["vllm_spec_smoke"]["passed"] for r in gated] == [True], str(run)
     skipped = f"reboot needed and skipped on {host}: driver 575.64.03 is installed but not loaded"
     reboot = run.one(
         host=host, role="nvidia_cuda", file="nvidia_cuda/tasks/reboot.yml", action="ansible.builtin.debug"
