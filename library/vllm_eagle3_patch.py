@@ -25,9 +25,16 @@ description:
   - Idempotent; check mode reports what would change; diff mode shows the per-file diff.
 options:
   vllm_path:
-    description: The installed C(vllm) package directory (the one holding C(__init__.py)).
+    description:
+      - The installed C(vllm) package directory (the one holding C(__init__.py)).
+      - One of I(vllm_path) and I(venv) is required.
     type: path
-    required: true
+  venv:
+    description:
+      - A virtualenv whose C(lib/python3*/site-packages/vllm) is the package, found without running the
+        virtualenv's Python. Where it has none, the module fails with one line, and in check mode returns
+        C(skipped) (a release the same run would install is not there yet).
+    type: path
   state:
     description: C(present) patches, C(absent) restores the upstream files.
     type: str
@@ -70,6 +77,11 @@ EXAMPLES = r"""
     patches: "{{ query('ansible.builtin.file', 'vllm-0.16.diff', 'vllm-0.17.diff', rstrip=false) }}"
   register: eagle3_patch
 
+- name: Patch the vLLM of a virtualenv, wherever its site-packages is
+  vllm_eagle3_patch:
+    venv: /opt/vllm/releases/vllm-0.17.1
+    patches: "{{ query('ansible.builtin.file', 'vllm-0.16.diff', 'vllm-0.17.diff', rstrip=false) }}"
+
 - name: Put the upstream files back
   vllm_eagle3_patch:
     vllm_path: /opt/vllm/venv/lib/python3.11/site-packages/vllm
@@ -78,6 +90,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+vllm_path:
+  description: The C(vllm) package directory patched, as given or found in I(venv).
+  returned: success, except when skipped
+  type: str
+  sample: /opt/vllm/releases/vllm-0.17.1/lib/python3.11/site-packages/vllm
+skipped:
+  description: True in check mode when I(venv) holds no vllm package yet.
+  returned: when skipped
+  type: bool
 vllm_version:
   description: The installed vLLM version, as the package states it.
   returned: success
@@ -117,6 +138,7 @@ diff:
   elements: dict
 """
 
+import glob
 import hashlib
 import os
 import py_compile
@@ -438,20 +460,36 @@ def run(vllm_path, patches, state="present", backup=True, check_mode=False, move
     return result
 
 
+def find_in_venv(venv):
+    """The vllm package of a virtualenv (lib/python3.X/site-packages/vllm, or lib64), or None."""
+    pattern = os.path.join(glob.escape(venv), "lib*", "python3*", "site-packages", "vllm", "__init__.py")
+    found = sorted(glob.glob(pattern))
+    return os.path.dirname(found[0]) if found else None
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
-            "vllm_path": {"type": "path", "required": True},
+            "vllm_path": {"type": "path"},
+            "venv": {"type": "path"},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
             "backup": {"type": "bool", "default": True},
             "patches": {"type": "list", "elements": "str", "required": True},
         },
+        mutually_exclusive=[("vllm_path", "venv")],
+        required_one_of=[("vllm_path", "venv")],
         supports_check_mode=True,
     )
     params = module.params
+    vllm_path = params["vllm_path"] or find_in_venv(params["venv"])
+    if vllm_path is None:
+        missing = f"no vllm package in {params['venv']} (no lib/python3*/site-packages/vllm)"
+        if module.check_mode:
+            module.exit_json(changed=False, skipped=True, msg=missing)
+        module.fail_json(msg=missing, changed=False)
     try:
         result = run(
-            params["vllm_path"],
+            vllm_path,
             params["patches"],
             params["state"],
             params["backup"],
@@ -460,6 +498,7 @@ def main():
         )
     except (PatchError, OSError, UnicodeDecodeError, py_compile.PyCompileError) as exc:
         module.fail_json(msg=str(exc), changed=False)
+    result["vllm_path"] = vllm_path
     if result.pop("warning", None):
         module.warn(result["msg"])
     if not module._diff or not result.get("diff"):

@@ -310,3 +310,25 @@ def test_unpatched_deepseek_v3_lacks_the_interface(tmp_path, torch_python):
     vllm_wheels.unpack(version, site_packages)
     report = probe(torch_python, site_packages)
     assert report["supports_eagle3"] is False and "SupportsEagle3" not in report["classes"]
+
+
+def test_a_venv_is_searched_for_the_package(tmp_path, run_module):
+    """With venv, the module finds lib/python3.X/site-packages/vllm itself (no call to the venv's Python)."""
+    release_tar(vllm_wheels.NOT_APPLICABLE)
+    venv = tmp_path / "venv"
+    vllm_dir = vllm_wheels.unpack(vllm_wheels.NOT_APPLICABLE, venv / "lib/python3.11/site-packages", ONLY)
+    result = run_module(patch_module, {"venv": str(venv), "patches": PATCHES})
+    assert result["vllm_path"] == str(vllm_dir)
+    assert (result["vllm_version"], result["applicable"], result["changed"]) == ("0.33.0", False, False)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_venv_without_vllm_fails_in_one_line_or_is_skipped_in_check_mode(tmp_path, run_module, check_mode):
+    venv = tmp_path / "venv"
+    (venv / "lib/python3.11/site-packages").mkdir(parents=True)
+    args = {"venv": str(venv), "patches": PATCHES, "_ansible_check_mode": check_mode}
+    result = run_module(patch_module, args)
+    line = f"no vllm package in {venv} (no lib/python3*/site-packages/vllm)"
+    assert result["msg"] == line
+    assert result.get("failed", False) is not check_mode
+    assert result.get("skipped", False) is check_mode

@@ -1,11 +1,15 @@
 #!/usr/bin/python3
-"""Wait up to --wait seconds for a vLLM unit to answer /health, failing fast if it crashed.
+"""Wait up to --wait seconds for a vLLM unit to answer /health, failing fast if it crashed; then, with
+--model, ask it for one real completion (one call to the box for both).
 
-Exit 0: /health answered 200. Exit 3: still loading (poll again). Exit 1: the unit failed or
-systemd restarted it after a crash (waiting longer cannot help). Runs with the box's Python.
+Exit 0: /health answered 200 (and the completion came; its text is printed as JSON). Exit 3: still
+loading (poll again). Exit 1: the unit failed or systemd restarted it after a crash (waiting longer
+cannot help), or the completion failed. The API key is read from the unit's own environment file
+(--env-file), never from the command line. Runs with the box's Python.
 """
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -31,12 +35,50 @@ def healthy(url):
         return False
 
 
+def api_key(env_file):
+    """VLLM_API_KEY from the unit's environment file; none without the file (no key configured)."""
+    try:
+        with open(env_file, encoding="utf-8") as lines:
+            for line in lines:
+                name, _, value = line.strip().partition("=")
+                if name == "VLLM_API_KEY":
+                    return value
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def completion(args):
+    """(exit code, what to print): one greedy completion of --prompt."""
+    body = {"model": args.model, "prompt": args.prompt, "max_tokens": 8, "temperature": 0}
+    headers = {"Content-Type": "application/json"}
+    key = api_key(args.env_file) if args.env_file else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(
+        f"{args.base_url}/v1/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=args.completion_timeout) as response:
+            text = json.load(response)["choices"][0]["text"]
+    except urllib.error.HTTPError as error:
+        return 1, f"POST /v1/completions answered {error.code} {error.reason}"
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as error:
+        return 1, f"POST /v1/completions failed: {error}"
+    return 0, json.dumps({"completion": text})
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--unit", required=True)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--base-url", required=True)
     parser.add_argument("--wait", type=float, default=30)
+    parser.add_argument("--model", help="ask the served model for one completion once healthy")
+    parser.add_argument("--prompt", default="Hello")
+    parser.add_argument("--env-file")
+    parser.add_argument("--completion-timeout", type=float, default=300)
     args = parser.parse_args()
+    health = f"{args.base_url}/health"
 
     deadline = time.monotonic() + args.wait
     while True:
@@ -51,13 +93,14 @@ def main():
         if state.get("ActiveState") == "inactive":
             print(f"{args.unit} is not running")
             return 1
-        if healthy(args.url):
-            print(f"{args.url} answered 200")
-            return 0
+        if healthy(health):
+            code, said = completion(args) if args.model else (0, f"{health} answered 200")
+            print(said)
+            return code
         if time.monotonic() >= deadline:
             print(f"{args.unit} still loading ({state.get('ActiveState')}/{state.get('SubState')})")
             return 3
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":
