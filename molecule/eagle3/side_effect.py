@@ -259,7 +259,7 @@ def a_broken_vllm_upgrade_is_undone(scenario):
     )
     line = assert_restored(upgrade, box, host, ["unit file", f"vllm link -> {serving}"])
     assert line.startswith("vllm did not serve on port 8000: vllm crashed"), line
-    assert upgrade.changed_results(host=host, role="vllm", file="vllm/tasks/install.yml", action="pip"), str(
+    assert upgrade.changed_results(host=host, role="vllm", file="vllm/tasks/build.yml", action="pip"), str(
         upgrade
     )
     assert box.out(f"grep -o '/opt/vllm/releases/[^/]*' {UNIT}").split()[0] == serving

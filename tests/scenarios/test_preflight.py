@@ -74,7 +74,7 @@ def assert_stopped_untouched(run, box, reason):
         (["-e", "preflight_min_free_disk_gb=1000000"], "GB needed (preflight_min_free_disk_gb)"),
         (
             ["-e", '{"preflight_disk_paths": ["/opt", "/no/such/dir"]}'],
-            "/no/such/dir: cannot be measured: df: /no/such/dir: No such file or directory",
+            "/no/such/dir: cannot be measured: No such file or directory",
         ),
         (
             ["-e", "vllm_service_model_path=/srv/models/no-such-model"],

@@ -1,0 +1,79 @@
+"""What preflight reads on the box, in one call (the box's Python, standard library).
+
+argv[1], JSON: disk_paths (free space of each), paths (what each is), ports with the unit allowed to
+hold them, and config (a JSON file to read, or null). Prints JSON:
+  free:   {path: bytes available to unprivileged users, as df counts them, or the reason it cannot tell}
+  paths:  {path: "link", "directory", "file" or null (absent)}
+  ports:  {port: null when free or held only by the unit's processes, else who holds it}
+  config: the file's JSON, or null when there is no such file
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+
+def free_bytes(path):
+    try:
+        stats = os.statvfs(path)
+    except OSError as error:
+        return error.strerror
+    return stats.f_bavail * stats.f_frsize
+
+
+def kind(path):
+    if os.path.islink(path):
+        return "link"
+    if os.path.isdir(path):
+        return "directory"
+    return "file" if os.path.exists(path) else None
+
+
+def port_holder(port, unit):
+    """None when nothing listens on the TCP port or only the unit's processes do, else who holds it."""
+    listeners = subprocess.run(
+        ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if not listeners:
+        return None
+    pids = sorted({int(pid) for pid in re.findall(r"pid=(\d+)", listeners)})
+    if not pids:
+        # Without CAP_SYS_PTRACE (e.g. in a container) ss cannot name other users' processes: then an
+        # active unit is taken to be the holder, since it could not run with its port taken.
+        active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
+        return None if active else "held by a process ss cannot name"
+    others = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="utf-8") as cgroup:
+                if any(line.rstrip("\n").endswith(f"/{unit}") for line in cgroup):
+                    continue
+            with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue  # gone since ss listed it
+        others.append(f"{name}[pid {pid}]")
+    return f"held by {' '.join(others)}" if others else None
+
+
+def config(path):
+    try:
+        with open(path, encoding="utf-8") as text:
+            return json.load(text)
+    except FileNotFoundError:
+        return None
+
+
+want = json.loads(sys.argv[1])
+print(
+    json.dumps(
+        {
+            "free": {path: free_bytes(path) for path in want["disk_paths"]},
+            "paths": {path: kind(path) for path in want["paths"]},
+            "ports": {str(port): port_holder(port, want["unit"]) for port in want["ports"]},
+            "config": config(want["config"]) if want["config"] else None,
+        }
+    )
+)
