@@ -31,7 +31,8 @@ GROUP_VARS = yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").
 # A restore should cost one server start and little more: failure detected -> serving again within
 # this many times the restore's own start (its restart task to its readiness answer).
 GOAL_OVER_ONE_START = 1.5
-READY_CRASHED = ("vllm_service", "vllm_service/tasks/ready.yml", "script")
+# The readiness check: it fails when the unit crashes, and answers ok once a real completion came.
+READY = ("vllm_service", "vllm_service/tasks/ready.yml", "script")
 GATE_MISSED = ("gate", "gate/tasks/main.yml", "vllm_spec_smoke")
 
 
@@ -73,11 +74,7 @@ def event_times(events, role, file, action, kind):
 def time_to_serving(events, detected):
     """Seconds from the failure's event to the last completion confirmed after the restore began."""
     restore = event_times(events, "last_good", "last_good/tasks/restore.yml", "last_good", "runner_on_ok")
-    served = [
-        t
-        for t in event_times(events, "vllm_service", "vllm_service/tasks/ready.yml", "uri", "runner_on_ok")
-        if restore and t > restore[0]
-    ]
+    served = [t for t in event_times(events, *READY, "runner_on_ok") if restore and t > restore[0]]
     if not (detected and restore and served):
         sys.exit("the run did not fail, restore and serve again as expected")
     return (served[-1] - detected[-1]).total_seconds(), (restore[0] - detected[-1]).total_seconds()
@@ -88,7 +85,7 @@ def engine_start_s(events):
     restart = event_times(
         events, "last_good", "last_good/tasks/restore.yml", "systemd_service", "runner_on_ok"
     )
-    served = event_times(events, "vllm_service", "vllm_service/tasks/ready.yml", "uri", "runner_on_ok")
+    served = event_times(events, *READY, "runner_on_ok")
     return (served[-1] - restart[-1]).total_seconds()
 
 
@@ -105,7 +102,7 @@ def main():
                 "bogus server flag (--tags service)",
                 {"vllm_service_extra_args": bogus},
                 "service",
-                READY_CRASHED,
+                READY,
             ),
             ("drafter under the gate's floors", {"eagle3_drafter_source": drafter}, "eagle3", GATE_MISSED),
         ]

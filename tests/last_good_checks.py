@@ -15,7 +15,9 @@ def assert_restored(run: Run, box, host: str, changed: list[str]) -> str:
     restore = run.one(host=host, action="last_good", **RESTORE)
     assert restore.changed and restore.result["restored"] == changed, str(run)
     [restart] = run.changed_results(host=host, action="systemd_service", **RESTORE)
-    completions = run.ran(host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="uri")
+    # The readiness check answers ok only once the server also answered a real completion.
+    ready = {"role": "vllm_service", "file": "vllm_service/tasks/ready.yml", "action": "script"}
+    completions = run.ran(host=host, status="ok", **ready)
     assert completions, str(run)
     order = [run.results.index(result) for result in (restore, restart, completions[-1])]
     assert order == sorted(order), f"no completion after the restore's restart\n{run}"

@@ -143,7 +143,10 @@ def side_effect(scenario):
     scores = {candidate["name"]: candidate.get("score") for candidate in choice["candidates"]}
     assert scores["defaults"] == 1.0, scores
     assert scores["topology-rule-pcie"] is not None, scores
-    assert measured.ran(host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="uri")
+    # The readiness check answers ok only once the server also answered a real completion.
+    assert measured.ran(
+        host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="script", status="ok"
+    )
     assert measured.changed(host) > 0, str(measured)
     # Nothing else of the deploy ran: no install, no new drafter, no gate; the drafter role only
     # hands over the speculative config it serves (on every run, so that the unit keeps it).
@@ -192,7 +195,7 @@ def upgrade_driver(scenario):
     )
     assert [r.changed for r in started] == [True], str(run)
     completion = {"host": host, "role": "vllm_service", "file": "vllm_service/tasks/ready.yml"}
-    served = run.ran(**completion, action="ansible.builtin.uri")
+    served = run.ran(**completion, action="ansible.builtin.script")
     assert served and all(r.status == "ok" for r in served), str(run)
     gated = run.ran(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
     assert [r.facts["vllm_spec_smoke"]["passed"] for r in gated] == [True], str(run)
