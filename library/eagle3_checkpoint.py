@@ -212,6 +212,12 @@ ansible_facts:
           type: list
           elements: dict
           sample: [{"name": "config.json", "size": 1017}, {"name": "model.safetensors", "size": 2437940000}]
+        config:
+          description:
+            - The drafter's C(config.json) as read, so that a caller need not read it again; null when it
+              cannot be read.
+          type: dict
+          sample: {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168}
         target:
           description:
             - The target config read (C(config)) and its C(hidden_size), C(num_hidden_layers), C(model_type).
@@ -659,6 +665,7 @@ def inspect_drafter(
         "num_tensors": 0,
         "total_bytes": 0,
         "files": [],
+        "config": None,
         "target": None,
         "vllm_version": version_text(version),
     }
@@ -673,6 +680,7 @@ def inspect_drafter(
         problems.append(problem)
     else:
         facts["files"].append(_file_entry(path, CONFIG_NAME, sha256))
+        facts["config"] = config
         summary = read_drafter_config(config)
         problems.extend(summary["problems"])
         for key in SUMMARY_FACTS:
