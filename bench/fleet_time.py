@@ -26,7 +26,7 @@ import resource
 import subprocess
 
 import yaml
-from sim_bench import CACHE, ROOT, playbook
+from sim_bench import CACHE, CONTROLLER_ACTIONS, ROOT, playbook
 
 BOXES = int(os.environ.get("SPECFLEET_FLEET_BOXES", "6"))
 NAMES = [f"fleet-{n:02d}" for n in range(1, BOXES + 1)]
@@ -34,10 +34,6 @@ SERVING = NAMES[:2]
 CONTAINER = "specfleet-bench-fleet-{:02d}"
 UP_TO_THE_SERVER = ["--tags", "cuda,vllm,vllm_eagle3_patch"]
 # Actions that run on the controller alone (tasks are written with FQCNs: ansible-lint's production profile).
-CONTROLLER_ACTIONS = {
-    f"ansible.builtin.{name}"
-    for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
-}
 DRAFTERS = ROOT / "build/sim-models"
 CONTROLLER_CORES = 8
 SSH_USER = yaml.safe_load((ROOT / "sim/roles/sim_box/defaults/main.yml").read_text())["sim_box_ssh_user"]

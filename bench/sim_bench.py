@@ -10,6 +10,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet")
+# Actions the controller carries out without calling the box (controller_file: action_plugins/).
+CONTROLLER_ACTIONS = {
+    "controller_file",
+    *(
+        f"ansible.builtin.{name}"
+        for name in [
+            "assert",
+            "set_fact",
+            "debug",
+            "fail",
+            "validate_argument_spec",
+            "include_role",
+            "include_tasks",
+            "import_role",
+            "import_tasks",
+            "meta",
+            "add_host",
+            "group_by",
+            "set_stats",
+            "include_vars",
+        ]
+    ),
+}
 
 
 def box_vars(container, ssh_port, server_port):

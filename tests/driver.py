@@ -32,10 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SECOND_BOX = "zz-second-box"
 REACH_CHECK = "roles/rollout/tasks/main.yml"
-# Actions that run on the controller alone.
+# Actions that run on the controller alone (controller_file: action_plugins/).
 CONTROLLER_ACTIONS = {
-    f"ansible.builtin.{name}"
-    for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
+    "controller_file",
+    *(
+        f"ansible.builtin.{name}"
+        for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
+    ),
 }
 STATUSES = {
     "runner_on_ok": "ok",
