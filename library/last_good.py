@@ -135,6 +135,7 @@ import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.specfleet_files import replace_link
 
 RECORD = "record.json"
 PARTS = ("files", "links", "serving")
@@ -272,12 +273,7 @@ def restore(module, directory, kept, files, links, now):
         if module.check_mode:
             continue
         if target:
-            # A new link renamed over the old one: readers see one target or the other, never none.
-            temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.last-good")
-            if os.path.lexists(temporary):
-                os.remove(temporary)
-            os.symlink(target, temporary)
-            os.replace(temporary, path)
+            replace_link(target, path)
         else:
             os.remove(path)
     return restored
