@@ -100,7 +100,7 @@ def main():
         if time.monotonic() >= deadline:
             print(f"{args.unit} still loading ({state.get('ActiveState')}/{state.get('SubState')})")
             return 3
-        time.sleep(0.5)
+        time.sleep(0.25)
 
 
 if __name__ == "__main__":
