@@ -50,6 +50,8 @@ def test_unit_is_valid_and_keeps_the_api_key_out(host):
     env_file = host.file("/etc/vllm/vllm.env")
     assert (env_file.user, env_file.group, env_file.mode) == ("root", "root", 0o600)
     assert env_file.content_string == f"VLLM_API_KEY={API_KEY}\n"
+    # Nor is it in the box's log: a module logs its arguments there unless the task is no_log.
+    assert API_KEY not in host.check_output("journalctl --no-pager --output=cat")
 
 
 def test_service_runs_enabled_as_the_service_user(host):
