@@ -38,12 +38,13 @@ def restarted(run, host):
 
 
 def switched(run, host):
-    """The results of the switch of `current` to a release (eagle3_drafter/tasks/switch.yml)."""
+    """The runs of the switch (eagle3_drafter/tasks/switch.yml) that moved `current` to another release."""
     return [
         result
-        for result in run.ran(host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/switch.yml")
-        if result.result.get("dest", "").endswith("/current")
-        or result.result.get("path", "").endswith("/current")
+        for result in run.ran(
+            host=host, role="eagle3_drafter", file="eagle3_drafter/tasks/switch.yml", action="release_switch"
+        )
+        if result.changed and result.result.get("path") != result.result.get("replaced")
     ]
 
 
@@ -101,7 +102,7 @@ def side_effect(scenario):
         "out",
         "in",
     ]
-    assert any(result.changed for result in switched(new, host)), str(new)
+    assert switched(new, host), str(new)
     # The vllm role contributes nothing but its (always-on) argument check.
     installs = [
         r for r in new.ran(host=host, role="vllm") if r.action != "ansible.builtin.validate_argument_spec"
