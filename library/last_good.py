@@ -15,7 +15,9 @@ description:
     of the same configuration do not rewrite it), so a run that changes nothing reports no change."
   - "C(state=restored): puts the recorded files and link targets back where they differ, and says which
     I(serving) values it cannot put back itself (the caller acts on those, or reports them)."
-  - "C(state=read): returns the record and changes nothing."
+  - "C(state=read): returns the record and changes nothing. With I(lock), this run first takes the box's
+    deploy lock (as M(deploy_lock) does), so that the record is read under it: a second run stops with
+    one line naming the holder, a stale lock is taken over."
   - "The record directory and every file in it are root-only, since the environment file may hold
     the API key. Nothing secret is returned, only names, link targets, I(serving) and I(details)."
 options:
@@ -55,6 +57,28 @@ options:
         figure ever recorded with its date (C(best)), which the gate compares a later change with.
     type: dict
     default: {}
+  lock:
+    description:
+      - With I(state=read), the deploy lock to take before the record is read (released with
+        M(deploy_lock), I(state=released)).
+    type: dict
+    suboptions:
+      path:
+        description: The lock file.
+        type: path
+        default: /var/lib/specfleet/deploy.lock
+      holder:
+        description: Who runs the deploy, as the refusal line shows it to a second operator.
+        type: str
+        default: ""
+      token:
+        description: This run's own id on this box.
+        type: str
+        required: true
+      stale_after_s:
+        description: Age in seconds after which another run's lock is taken over.
+        type: int
+        default: 21600
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -81,6 +105,12 @@ EXAMPLES = r"""
       vllm_version: 0.33.0
     details:
       gate: {acceptance_rate: 0.81}
+
+- name: One deploy at a time, then what a failure would go back to
+  last_good:
+    lock:
+      holder: alice@ops-laptop
+      token: "{{ run_token }}"
 
 - name: Put it back after a failed change
   last_good:
@@ -125,6 +155,14 @@ changes:
   returned: always
   type: list
   elements: str
+lock:
+  description: The deploy lock this run holds (holder, token, since).
+  returned: when lock is given
+  type: dict
+taken_over:
+  description: The stale lock this run took over (its holder and time), or null.
+  returned: when lock is given
+  type: dict
 """
 
 import datetime
@@ -135,6 +173,7 @@ import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.box_lock import hold
 from ansible.module_utils.specfleet_files import replace_link
 
 RECORD = "record.json"
@@ -289,16 +328,32 @@ def main():
             "serving": {"type": "dict", "default": {}},
             "details": {"type": "dict", "default": {}},
             "measured": {"type": "dict", "default": {}},
+            "lock": {
+                "type": "dict",
+                "options": {
+                    "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
+                    "holder": {"type": "str", "default": ""},
+                    "token": {"type": "str", "required": True, "no_log": False},
+                    "stale_after_s": {"type": "int", "default": 21600},
+                },
+            },
         },
         supports_check_mode=True,
     )
     params = module.params
     state, directory = params["state"], params["dir"]
+    locked = {}
+    if params["lock"]:
+        if state != "read":
+            module.fail_json(msg=f"lock is taken with state=read, not state={state}")
+        lock = params["lock"]
+        held, taken_over = hold(module, lock["path"], lock["holder"], lock["token"], lock["stale_after_s"])
+        locked = {"lock": held, "taken_over": taken_over}
     files, links = params["files"], params["links"]
     kept = read_record(module, directory)
     now = identity(module, files, links, params["serving"])
     changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
-    result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes}
+    result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes, **locked}
 
     if state == "recorded" and (kept is None or changes):
         result["changed"] = True

@@ -190,3 +190,26 @@ def test_each_new_record_keeps_the_best_figures_per_workload(box, run_module):
     assert sorted(best) == ["w1", "w2"] and best["w1"]["mean_acceptance_length"] == 3.4
     # Read back as the next run's begin sees it.
     assert run_module(last_good, args(box, "read"))["ansible_facts"]["last_good"]["best"] == best
+
+
+def test_begin_takes_the_deploy_lock_then_reads_the_record_under_it(box, run_module):
+    """One call at a run's start: the lock for this run's token, the record read after it; a second run
+    is refused with the holder's line and reads nothing; a lock is taken only with state=read."""
+    run_module(last_good, args(box, "recorded"))
+    lock = box / "deploy.lock"
+    first = run_module(
+        last_good, args(box, "read", lock={"path": str(lock), "token": "run-1", "holder": "alice@ops"})
+    )
+    assert first["changed"] is False and first["taken_over"] is None
+    assert first["lock"]["token"] == "run-1" and json.loads(lock.read_text())["holder"] == "alice@ops"
+    assert first["ansible_facts"]["last_good"]["recorded"] is True
+    second = run_module(
+        last_good, args(box, "read", lock={"path": str(lock), "token": "run-2", "holder": "bob@ops"})
+    )
+    assert second["failed"] is True and second["msg"].startswith(
+        "another deploy holds this box: alice@ops since "
+    )
+    assert "ansible_facts" not in second
+    wrong = run_module(last_good, args(box, "recorded", lock={"path": str(lock), "token": "run-1"}))
+    assert wrong["failed"] is True and wrong["msg"] == "lock is taken with state=read, not state=recorded"
+    assert json.loads(lock.read_text())["token"] == "run-1"
