@@ -75,17 +75,14 @@ lock:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.box_lock import hold, release
+from ansible.module_utils.box_lock import LOCK_OPTIONS, hold, release
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
             "state": {"type": "str", "choices": ["held", "released"], "default": "held"},
-            "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
-            "holder": {"type": "str", "default": ""},
-            "token": {"type": "str", "required": True, "no_log": False},
-            "stale_after_s": {"type": "int", "default": 21600},
+            **LOCK_OPTIONS,
         },
         supports_check_mode=True,
     )

@@ -173,7 +173,7 @@ import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.box_lock import hold
+from ansible.module_utils.box_lock import LOCK_OPTIONS, hold
 from ansible.module_utils.specfleet_files import replace_link
 
 RECORD = "record.json"
@@ -328,15 +328,7 @@ def main():
             "serving": {"type": "dict", "default": {}},
             "details": {"type": "dict", "default": {}},
             "measured": {"type": "dict", "default": {}},
-            "lock": {
-                "type": "dict",
-                "options": {
-                    "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
-                    "holder": {"type": "str", "default": ""},
-                    "token": {"type": "str", "required": True, "no_log": False},
-                    "stale_after_s": {"type": "int", "default": 21600},
-                },
-            },
+            "lock": {"type": "dict", "options": LOCK_OPTIONS},
         },
         supports_check_mode=True,
     )

@@ -7,7 +7,15 @@ import json
 import os
 import tempfile
 
-__all__ = ["hold", "release"]
+__all__ = ["LOCK_OPTIONS", "hold", "release"]
+
+# The lock's options, as deploy_lock takes them and last_good's `lock` does.
+LOCK_OPTIONS = {
+    "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
+    "holder": {"type": "str", "default": ""},
+    "token": {"type": "str", "required": True, "no_log": False},
+    "stale_after_s": {"type": "int", "default": 21600},
+}
 
 
 def now():
