@@ -18,6 +18,8 @@ description:
   - "C(state=read): returns the record and changes nothing. With I(lock), this run first takes the box's
     deploy lock (as M(deploy_lock) does), so that the record is read under it: a second run stops with
     one line naming the holder, a stale lock is taken over."
+  - "With C(state=recorded) and I(lock), this run's lock is released once the record is kept (as
+    M(deploy_lock) I(state=released) does): the run's last call to the box."
   - "The record directory and every file in it are root-only, since the environment file may hold
     the API key. Nothing secret is returned, only names, link targets, I(serving) and I(details)."
 options:
@@ -59,8 +61,9 @@ options:
     default: {}
   lock:
     description:
-      - With I(state=read), the deploy lock to take before the record is read (released with
-        M(deploy_lock), I(state=released)).
+      - With I(state=read), the deploy lock to take before the record is read. With I(state=recorded),
+        this run's lock (I(path), I(token)) to release after the record is kept. Otherwise M(deploy_lock)
+        I(state=released) releases it.
     type: dict
     suboptions:
       path:
@@ -93,9 +96,11 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Record what serves
+- name: Record what serves, then let the next deploy in
   last_good:
     state: recorded
+    lock:
+      token: "{{ run_token }}"
     files:
       unit: /etc/systemd/system/vllm.service
       environment: /etc/vllm/vllm.env
@@ -156,12 +161,12 @@ changes:
   type: list
   elements: str
 lock:
-  description: The deploy lock this run holds (holder, token, since).
+  description: The deploy lock this run holds (holder, token, since), or null once released.
   returned: when lock is given
   type: dict
 taken_over:
   description: The stale lock this run took over (its holder and time), or null.
-  returned: when lock is given
+  returned: when lock is given with state=read
   type: dict
 """
 
@@ -173,7 +178,7 @@ import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.box_lock import LOCK_OPTIONS, hold
+from ansible.module_utils.box_lock import LOCK_OPTIONS, hold, release
 from ansible.module_utils.specfleet_files import replace_link
 
 RECORD = "record.json"
@@ -334,11 +339,12 @@ def main():
     )
     params = module.params
     state, directory = params["state"], params["dir"]
-    locked = {}
-    if params["lock"]:
-        if state != "read":
-            module.fail_json(msg=f"lock is taken with state=read, not state={state}")
-        lock = params["lock"]
+    lock, locked = params["lock"], {}
+    if lock and state == "restored":
+        module.fail_json(
+            msg="lock is taken with state=read and released with state=recorded, not state=restored"
+        )
+    if lock and state == "read":
         held, taken_over = hold(module, lock["path"], lock["holder"], lock["token"], lock["stale_after_s"])
         locked = {"lock": held, "taken_over": taken_over}
     files, links = params["files"], params["links"]
@@ -357,6 +363,10 @@ def main():
         result["restored"] = restore(module, directory, kept, files, links, now) if kept else []
         result["not_restored"] = differences(kept, now, "serving") if kept else []
         result["changed"] = bool(result["restored"])
+    if state == "recorded" and lock:
+        # After the record: a failure before this point leaves the lock to the run's restore and end.
+        release(module, lock["path"], lock["token"])
+        result["lock"] = None
     module.exit_json(**result)
 
 

@@ -210,6 +210,29 @@ def test_begin_takes_the_deploy_lock_then_reads_the_record_under_it(box, run_mod
         "another deploy holds this box: alice@ops since "
     )
     assert "ansible_facts" not in second
-    wrong = run_module(last_good, args(box, "recorded", lock={"path": str(lock), "token": "run-1"}))
-    assert wrong["failed"] is True and wrong["msg"] == "lock is taken with state=read, not state=recorded"
+    wrong = run_module(last_good, args(box, "restored", lock={"path": str(lock), "token": "run-1"}))
+    assert wrong["failed"] is True
+    assert (
+        wrong["msg"] == "lock is taken with state=read and released with state=recorded, not state=restored"
+    )
     assert json.loads(lock.read_text())["token"] == "run-1"
+
+
+def test_the_record_releases_this_runs_lock_after_it_is_kept(box, run_module):
+    """The run's last call: the record kept, then its own lock released. Another run's lock stays; a
+    record that fails leaves the lock to the run's restore and end."""
+    lock = box / "deploy.lock"
+    run_module(last_good, args(box, "read", lock={"path": str(lock), "token": "run-1"}))
+    other = run_module(last_good, args(box, "recorded", lock={"path": str(lock), "token": "run-2"}))
+    assert other["changed"] is True and json.loads(lock.read_text())["token"] == "run-1"
+    record = box / "last_good" / "record.json"
+    kept = record.read_text()
+    record.write_text("{not json")
+    failed = run_module(last_good, args(box, "recorded", lock={"path": str(lock), "token": "run-1"}))
+    assert failed["failed"] is True and json.loads(lock.read_text())["token"] == "run-1"
+    record.write_text(kept)
+    break_the_box(box)
+    (box / "vllm.env").write_text("VLLM_API_KEY=another-key\n")
+    mine = run_module(last_good, args(box, "recorded", lock={"path": str(lock), "token": "run-1"}))
+    assert mine["changed"] is True and mine["lock"] is None and not lock.exists()
+    assert mine["ansible_facts"]["last_good"]["links"]["drafter"].endswith("/releases/new")
