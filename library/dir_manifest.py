@@ -18,6 +18,9 @@ description:
   - "With I(compare), the manifest another host made of the same content (a controller's, before a
     transfer), C(differs) names every file missing, extra or different here: what a copy did not get right."
   - Changes nothing but its own cache file (not written in check mode); C(changed) is always false.
+  - "On the controller (a local connection without C(become), as with C(delegate_to: localhost)), its
+    action (action_plugins/dir_manifest.py) runs the same code in the controller's own worker: no module
+    process is started."
 options:
   path:
     description: Directory to describe.
@@ -97,114 +100,17 @@ differs:
   sample: ["model-00001-of-00064.safetensors"]
 """
 
-import hashlib
-import json
-import os
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.specfleet_files import sha256_file
-
-
-def walk(root, exclude):
-    """Relative names of the regular files under root, sorted; symlinks are not followed."""
-    names = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs.sort()
-        for name in files:
-            full = os.path.join(directory, name)
-            relative = os.path.relpath(full, root)
-            if relative not in exclude and os.path.isfile(full) and not os.path.islink(full):
-                names.append(relative)
-    return sorted(names)
-
-
-def build_manifest(root, cache=None, exclude=(), workers=1):
-    """Return (manifest dict, updated cache dict). cache maps name -> {size, mtime_ns, sha256}."""
-    cache = cache or {}
-    names = walk(root, set(exclude))
-    stats = {name: os.stat(os.path.join(root, name)) for name in names}
-    known = {}
-    for name, stat in stats.items():
-        cached = cache.get(name)
-        if cached and cached.get("size") == stat.st_size and cached.get("mtime_ns") == stat.st_mtime_ns:
-            known[name] = cached["sha256"]
-    hashed = [name for name in names if name not in known]
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        known.update(zip(hashed, pool.map(lambda name: sha256_file(os.path.join(root, name)), hashed)))
-    files = [
-        {"name": n, "size": stats[n].st_size, "mtime_ns": stats[n].st_mtime_ns, "sha256": known[n]}
-        for n in names
-    ]
-    new_cache = {f["name"]: {k: f[k] for k in ("size", "mtime_ns", "sha256")} for f in files}
-    digest = hashlib.sha256(
-        "\n".join(f"{f['name']}\0{f['size']}\0{f['sha256']}" for f in files).encode()
-    ).hexdigest()
-    manifest = {
-        "files": files,
-        "digest": digest,
-        "total_bytes": sum(f["size"] for f in files),
-        "hashed": hashed,
-    }
-    return manifest, new_cache
-
-
-def differing(files, expected):
-    """Names missing from files, extra in them, or of another size or sha256 than in expected."""
-    ours = {f["name"]: (f["size"], f["sha256"]) for f in files}
-    theirs = {f["name"]: (f.get("size"), f.get("sha256")) for f in expected}
-    return sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
-
-
-def load_cache(path):
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def save_cache(module, path, cache):
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    # Written whole in this run's own temporary directory, then moved into place: two plays may describe
-    # the same source at once, and a reader sees the old cache or the new one, never part of one.
-    fd, tmp = tempfile.mkstemp(dir=module.tmpdir, prefix="manifest-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(cache, handle, indent=1, sort_keys=True)
-    module.atomic_move(tmp, path)
+from ansible.module_utils.content_manifest import ARGUMENT_SPEC, ManifestError, describe
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "required": True},
-            "cache": {"type": "path"},
-            "exclude": {"type": "list", "elements": "str", "default": []},
-            "compare": {"type": "list", "elements": "dict"},
-            "workers": {"type": "int", "default": 0},
-        },
-        supports_check_mode=True,
-    )
-    root, cache_path = module.params["path"], module.params["cache"]
-    if not os.path.isdir(root):
-        module.fail_json(msg=f"{root} is not a directory")
-    workers = module.params["workers"] or min(os.cpu_count() or 1, 8)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        manifest, cache = build_manifest(
-            root, load_cache(cache_path) if cache_path else None, module.params["exclude"], workers
-        )
-        if not manifest["files"]:
-            module.fail_json(msg=f"{root} holds no files")
-        if cache_path and not module.check_mode:
-            save_cache(module, cache_path, cache)
-    except OSError as exc:
-        module.fail_json(msg=f"cannot read {root}: {exc}")
-    if module.params["compare"] is not None:
-        manifest["differs"] = differing(manifest["files"], module.params["compare"])
-    module.exit_json(changed=False, **manifest)
+        result = describe(check_mode=module.check_mode, **module.params)
+    except ManifestError as error:
+        module.fail_json(msg=str(error))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import os
 import shutil
 
 import dir_manifest as dm
+from ansible.module_utils import content_manifest as cm
+from driver import run_playbook
 
 
 def make_checkpoint(root):
@@ -19,7 +21,7 @@ def make_checkpoint(root):
 
 def test_manifest_lists_files_with_real_sha256(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    manifest, _ = dm.build_manifest(str(root))
+    manifest, _ = cm.build_manifest(str(root))
     assert [f["name"] for f in manifest["files"]] == ["config.json", "model.safetensors", "sub/extra.txt"]
     weights = next(f for f in manifest["files"] if f["name"] == "model.safetensors")
     assert weights["sha256"] == hashlib.sha256((root / "model.safetensors").read_bytes()).hexdigest()
@@ -33,36 +35,36 @@ def test_digest_depends_on_content_not_location_or_mtime(tmp_path):
     second = tmp_path / "b"
     shutil.copytree(first, second)
     os.utime(second / "config.json", (1, 1))
-    digest_a = dm.build_manifest(str(first))[0]["digest"]
-    assert dm.build_manifest(str(second))[0]["digest"] == digest_a
+    digest_a = cm.build_manifest(str(first))[0]["digest"]
+    assert cm.build_manifest(str(second))[0]["digest"] == digest_a
     (second / "config.json").write_text('{"hidden_size": 256}')
-    assert dm.build_manifest(str(second))[0]["digest"] != digest_a
+    assert cm.build_manifest(str(second))[0]["digest"] != digest_a
 
 
 def test_cache_skips_unchanged_files_and_rehashes_changed_ones(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    first, cache = dm.build_manifest(str(root))
-    second, cache = dm.build_manifest(str(root), cache)
+    first, cache = cm.build_manifest(str(root))
+    second, cache = cm.build_manifest(str(root), cache)
     assert second["hashed"] == []
     assert second["digest"] == first["digest"]
     (root / "model.safetensors").write_bytes(os.urandom(4096))
-    third, _ = dm.build_manifest(str(root), cache)
+    third, _ = cm.build_manifest(str(root), cache)
     assert third["hashed"] == ["model.safetensors"]
     assert third["digest"] != first["digest"]
 
 
 def test_cache_with_a_stale_size_is_not_trusted(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    _, cache = dm.build_manifest(str(root))
+    _, cache = cm.build_manifest(str(root))
     cache["config.json"]["size"] += 1
-    manifest, _ = dm.build_manifest(str(root), cache)
+    manifest, _ = cm.build_manifest(str(root), cache)
     assert manifest["hashed"] == ["config.json"]
 
 
 def test_exclude_and_symlinks_left_out(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
     (root / "link").symlink_to(root / "config.json")
-    manifest, _ = dm.build_manifest(str(root), exclude=["sub/extra.txt"])
+    manifest, _ = cm.build_manifest(str(root), exclude=["sub/extra.txt"])
     assert [f["name"] for f in manifest["files"]] == ["config.json", "model.safetensors"]
 
 
@@ -90,8 +92,8 @@ def test_hashed_side_by_side_as_one_at_a_time(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
     for shard in range(6):
         (root / f"model-{shard:05d}.safetensors").write_bytes(os.urandom(8192 + shard))
-    alone, _ = dm.build_manifest(str(root), workers=1)
-    together, _ = dm.build_manifest(str(root), workers=4)
+    alone, _ = cm.build_manifest(str(root), workers=1)
+    together, _ = cm.build_manifest(str(root), workers=4)
     assert together == alone
 
 
@@ -110,3 +112,34 @@ def test_module_names_what_a_copy_got_wrong(tmp_path, run_module):
     result = run_module(dm, {"path": str(copy), "compare": expected})
     assert result["differs"] == ["model.safetensors", "stray.bin", "sub/extra.txt"]
     assert "differs" not in run_module(dm, {"path": str(copy)})
+
+
+def describe_on_the_controller(tmp_path, args, *options):
+    """dir_manifest as a play runs it on the controller (its action); the run and the task's result."""
+    playbook = tmp_path / "describe.yml"
+    task = {"dir_manifest": args}
+    play = {"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": [task]}
+    playbook.write_text(json.dumps([play]))
+    run = run_playbook(playbook, *options, inventory="localhost,")
+    return run, run.one(host="localhost", action="dir_manifest")
+
+
+def test_on_the_controller_it_runs_in_the_worker_as_the_module_would(tmp_path, run_module):
+    root = make_checkpoint(tmp_path / "ckpt")
+    cache = tmp_path / "cache" / "ckpt.json"
+    run, result = describe_on_the_controller(tmp_path, {"path": str(root), "cache": str(cache)}, "--check")
+    assert run.ok and not cache.exists(), str(run)
+    run, result = describe_on_the_controller(tmp_path, {"path": str(root), "cache": str(cache)})
+    assert run.ok and not result.changed, str(run)
+    # No module ran: a module's result carries its invocation.
+    assert "invocation" not in result.result and "invocation" in run_module(dm, {"path": str(root)})
+    module = run_module(dm, {"path": str(root), "compare": result.result["files"]})
+    assert {k: result.result[k] for k in ("files", "digest", "total_bytes")} == {
+        k: module[k] for k in ("files", "digest", "total_bytes")
+    }
+    assert module["differs"] == []
+    assert json.loads(cache.read_text()).keys() == {f["name"] for f in module["files"]}
+    run, result = describe_on_the_controller(tmp_path, {"path": str(root), "cache": str(cache)})
+    assert run.ok and result.result["hashed"] == [], str(run)
+    run, _ = describe_on_the_controller(tmp_path, {"path": str(tmp_path / "nope")})
+    assert not run.ok and run.failures() == [f"{tmp_path / 'nope'} is not a directory"], str(run)
