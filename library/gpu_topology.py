@@ -18,8 +18,27 @@ description:
   - C(nccl_env) is empty on NVLink boxes and on single-GPU boxes (NCCL's own defaults are left alone), and
     is a hand-tuned PCIe set on PCIe-only boxes with two GPUs or more. It is a default derived from the
     topology, never the last word; combine it with per-host or per-group overrides.
+  - "With I(health), the same call also returns the C(gpu_health) fact, as M(gpu_health) reads it (its
+    C(nvidia-smi -q -x), the kernel log, the IOMMU groups and the bridges' ACS): a deploy reads both before
+    serving, and one call to the box costs less than two."
   - Changes nothing on the host; C(changed) is always C(false).
 options:
+  health:
+    description:
+      - Read the GPUs' health too (the C(gpu_health) fact; M(gpu_health) documents it), with the same
+        I(nvidia_smi).
+      - Omitted, only the topology is read.
+    type: dict
+    suboptions:
+      gpus:
+        description: The GPUs' PCI addresses (C(gpu_bus.gpus[].address)), whose IOMMU groups are read.
+        type: list
+        elements: str
+        default: []
+      lspci:
+        description: The C(lspci) to read the bridges' ACS state with; a bare name is looked up on E(PATH).
+        type: str
+        default: lspci
   nvidia_smi:
     description:
       - The C(nvidia-smi) binary to run.
@@ -56,6 +75,11 @@ author:
 EXAMPLES = r"""
 - name: Read the GPU topology
   gpu_topology:
+
+- name: Read the GPU topology and, in the same call, the GPUs' health
+  gpu_topology:
+    health:
+      gpus: "{{ gpu_bus.gpus | map(attribute='address') }}"
 
 - name: Use an nvidia-smi that is not on PATH
   gpu_topology:
@@ -179,6 +203,11 @@ ansible_facts:
           returned: always
           type: str
           sample: /usr/bin/nvidia-smi
+    gpu_health:
+      description: The GPUs' health, as M(gpu_health) returns it (C(gpus), C(xid), C(kernel_log), C(iommu),
+        C(acs), C(problems)).
+      returned: with I(health)
+      type: dict
 """
 
 import csv
@@ -186,6 +215,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_health_facts import HEALTH_OPTIONS, HealthError, read_gpu_health
 from ansible.module_utils.text_excerpt import excerpt as one_line
 
 TOPO_ARGS = ["topo", "-m"]
@@ -484,8 +514,12 @@ def _run(module, binary, args):
 
 
 def main():
+    health_options = {name: spec for name, spec in HEALTH_OPTIONS.items() if name != "nvidia_smi"}
     module = AnsibleModule(
-        argument_spec=dict(nvidia_smi=dict(type="str", default="nvidia-smi")),
+        argument_spec={
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "health": {"type": "dict", "options": health_options},
+        },
         supports_check_mode=True,
     )
     binary = _resolve_binary(module, module.params["nvidia_smi"])
@@ -507,7 +541,13 @@ def main():
         module.fail_json(msg=f"{exc}; refusing to guess the topology")
 
     topology["nvidia_smi"] = binary
-    module.exit_json(changed=False, ansible_facts={"gpu_topology": topology})
+    facts = {"gpu_topology": topology}
+    if module.params["health"] is not None:
+        try:
+            facts["gpu_health"] = read_gpu_health(module, binary, **module.params["health"])
+        except HealthError as error:
+            module.fail_json(msg=f"gpu_health: {error}")
+    module.exit_json(changed=False, ansible_facts=facts)
 
 
 if __name__ == "__main__":

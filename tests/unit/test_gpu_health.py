@@ -1,4 +1,4 @@
-"""Unit tests for library/gpu_health.py on real `nvidia-smi -q -x` and kernel log output.
+"""Unit tests for library/gpu_health.py (code: module_utils/gpu_health_facts.py) on real `nvidia-smi -q -x`
 
 tests/fixtures/nvidia-smi-q/SOURCES.md: a healthy H200 captured by this project. The unhealthy variants
 are that same document with counters changed, as nvidia-smi prints them on a GPU with those errors.
@@ -9,6 +9,7 @@ import stat
 
 import gpu_health
 import pytest
+from ansible.module_utils import gpu_health_facts as health
 
 H200 = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi-q" / "h200-pcie-vm"
 XML = (H200 / "nvidia-smi-q.xml").read_text()
@@ -20,7 +21,7 @@ XID_LOG = """[ 1399.140318] NVRM: GPU at PCI:0000:01:00: GPU-34d7319c-5b19-1e75-
 
 
 def test_healthy_h200():
-    gpus = gpu_health.parse_query(XML)
+    gpus = health.parse_query(XML)
     assert gpus == [
         {
             "bus_id": "00000000:00:06.0",
@@ -33,7 +34,7 @@ def test_healthy_h200():
             "retirement_pending": False,
         }
     ]
-    assert gpu_health.problems(gpus, gpu_health.parse_xid((H200 / "dmesg-nvrm.txt").read_text()), {}) == []
+    assert health.problems(gpus, health.parse_xid((H200 / "dmesg-nvrm.txt").read_text()), {}) == []
 
 
 @pytest.mark.parametrize(
@@ -57,7 +58,7 @@ def test_healthy_h200():
 )
 def test_unfit_gpu(old, new, kind, words):
     assert XML.count(old) == 1
-    found = gpu_health.problems(gpu_health.parse_query(XML.replace(old, new)), [], {})
+    found = health.problems(health.parse_query(XML.replace(old, new)), [], {})
     assert [(p["kind"], p["severity"]) for p in found] == [(kind, "error")]
     assert (
         found[0]["message"].startswith("GPU 00000000:00:06.0 (NVIDIA H200): ")
@@ -66,14 +67,14 @@ def test_unfit_gpu(old, new, kind, words):
 
 
 def test_xid_since_boot():
-    xids = gpu_health.parse_xid(XID_LOG)
+    xids = health.parse_xid(XID_LOG)
     assert [(x["pci"], x["code"]) for x in xids] == [("0000:01:00", 32), ("0000:01:00", 32)]
-    found = gpu_health.problems([], xids, {})
+    found = health.problems([], xids, {})
     assert found[0]["message"].startswith("Xid 32 on PCI 0000:01:00 since boot: [ 1399.140323] NVRM: Xid")
     assert {p["severity"] for p in found} == {"error"}
     # An application's page fault (Xid 31) is said, not a reason to stop the box.
     fault = [{"pci": "0000:01:00", "code": 31, "line": "NVRM: Xid (PCI:0000:01:00): 31"}]
-    assert [p["severity"] for p in gpu_health.problems([], fault, {})] == ["warning"]
+    assert [p["severity"] for p in health.problems([], fault, {})] == ["warning"]
 
 
 def test_iommu_translation_is_a_warning_with_the_fix(tmp_path):
@@ -84,9 +85,9 @@ def test_iommu_translation_is_a_warning_with_the_fix(tmp_path):
         (tmp_path / address).mkdir()
         (tmp_path / address / "iommu_group").symlink_to(group)
     (tmp_path / "0000:41:00.0").mkdir()  # no group: the IOMMU is off
-    types = gpu_health.iommu_types(["0000:01:00.0", "0000:21:00.0", "0000:41:00.0"], devices=str(tmp_path))
+    types = health.iommu_types(["0000:01:00.0", "0000:21:00.0", "0000:41:00.0"], devices=str(tmp_path))
     assert types == {"0000:01:00.0": "DMA-FQ", "0000:21:00.0": "identity", "0000:41:00.0": "off"}
-    found = gpu_health.problems([], [], types)
+    found = health.problems([], [], types)
     assert [(p["gpu"], p["severity"]) for p in found] == [("0000:01:00.0", "warning")]
     assert "boot with iommu=pt" in found[0]["message"]
 
@@ -115,16 +116,16 @@ BRIDGE = pathlib.Path(__file__).resolve().parent.parent / "fixtures/pci-bus/amd-
 
 
 def test_acs_of_a_real_bridge():
-    control = gpu_health.parse_acs((BRIDGE / "lspci-vvv-bridge.txt").read_text())
+    control = health.parse_acs((BRIDGE / "lspci-vvv-bridge.txt").read_text())
     assert control == "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
-    found = gpu_health.problems([], [], {}, {"0000:03:02.0": control}, {"0000:06:00.0": ["0000:03:02.0"]})
+    found = health.problems([], [], {}, {"0000:03:02.0": control}, {"0000:06:00.0": ["0000:03:02.0"]})
     assert [(p["gpu"], p["kind"], p["severity"]) for p in found] == [("0000:03:02.0", "acs", "warning")]
     assert found[0]["message"].startswith("bridge 0000:03:02.0 above GPU 0000:06:00.0 redirects peer-to-peer")
     assert found[0]["message"].endswith("setpci -s 0000:03:02.0 ECAP_ACS+0x6.w=0000")
     # ACS off: nothing to say; no ACS capability at all: neither.
     off = control.replace("ReqRedir+", "ReqRedir-").replace("CmpltRedir+", "CmpltRedir-")
-    assert gpu_health.problems([], [], {}, {"0000:03:02.0": off}, {"0000:06:00.0": ["0000:03:02.0"]}) == []
-    assert gpu_health.parse_acs("00:00.0 Host bridge: Intel Corporation Device\n\tControl: I/O- Mem+\n") == ""
+    assert health.problems([], [], {}, {"0000:03:02.0": off}, {"0000:06:00.0": ["0000:03:02.0"]}) == []
+    assert health.parse_acs("00:00.0 Host bridge: Intel Corporation Device\n\tControl: I/O- Mem+\n") == ""
 
 
 def sysfs_with_a_gpu_behind_a_switch(tmp_path):
@@ -140,9 +141,9 @@ def sysfs_with_a_gpu_behind_a_switch(tmp_path):
 
 def test_upstream_bridges_are_the_gpus_parents_in_sysfs(tmp_path):
     bus = sysfs_with_a_gpu_behind_a_switch(tmp_path)
-    bridges = gpu_health.upstream_bridges("0000:06:00.0", devices=str(bus))
+    bridges = health.upstream_bridges("0000:06:00.0", devices=str(bus))
     assert bridges == ["0000:03:02.0", "0000:02:00.0", "0000:00:01.2"]
-    assert gpu_health.upstream_bridges("0000:07:00.0", devices=str(bus)) == []
+    assert health.upstream_bridges("0000:07:00.0", devices=str(bus)) == []
 
 
 def test_module_reads_the_bridges_acs_with_lspci(tmp_path, run_module, monkeypatch):
@@ -156,7 +157,7 @@ def test_module_reads_the_bridges_acs_with_lspci(tmp_path, run_module, monkeypat
     for script in (smi, lspci):
         script.chmod(script.stat().st_mode | stat.S_IEXEC)
     # The hardware, at the edge: a sysfs tree in place of the box's.
-    monkeypatch.setattr(gpu_health, "SYSFS_DEVICES", str(sysfs_with_a_gpu_behind_a_switch(tmp_path)))
+    monkeypatch.setattr(health, "SYSFS_DEVICES", str(sysfs_with_a_gpu_behind_a_switch(tmp_path)))
     facts = run_module(gpu_health, {"nvidia_smi": str(smi), "lspci": str(lspci), "gpus": ["0000:06:00.0"]})
     facts = facts["ansible_facts"]["gpu_health"]
     assert facts["acs"] == {

@@ -5,8 +5,10 @@ Where each fixture comes from: tests/fixtures/nvidia-smi/SOURCES.md.
 
 import pathlib
 import re
+import shutil
 import stat
 
+import gpu_health
 import gpu_topology as gt
 import pytest
 
@@ -522,3 +524,15 @@ def test_main_rejects_unknown_option(run_module):
     result = run_module(gt, {"nvidia_smi": "nvidia-smi", "bogus": 1})
     assert result["failed"] is True
     assert "bogus" in result["msg"]
+
+
+def test_health_comes_in_the_same_call_as_gpu_health_reads_it(sim_nvidia_smi, run_module):
+    data, binary = sim_nvidia_smi("rtx4090-8gpu-pcie", "550.54.15")
+    shutil.copy(FIXTURES.parent / "nvidia-smi-q" / "h200-pcie-vm" / "nvidia-smi-q.xml", data)
+    facts = run_module(gt, {"nvidia_smi": str(binary), "health": {}})["ansible_facts"]
+    assert facts["gpu_topology"]["gpu_count"] == 8
+    alone = run_module(gpu_health, {"nvidia_smi": str(binary)})["ansible_facts"]["gpu_health"]
+    assert facts["gpu_health"] == alone
+    topology_ids = [gpu["pci_bus_id"] for gpu in facts["gpu_topology"]["gpus"]]
+    assert [gpu["bus_id"] for gpu in alone["gpus"]] == topology_ids
+    assert "gpu_health" not in run_module(gt, {"nvidia_smi": str(binary)})["ansible_facts"]
