@@ -1,26 +1,19 @@
 """dir_manifest (documented in library/dir_manifest.py): on the controller it runs in the worker itself;
-on a box, as the module."""
+on a box, as the module. Both run module_utils/content_manifest.py (loaded from its file here: controller
+plugins cannot import the repo's module_utils as modules do)."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
+from pathlib import Path
 
 from ansible.plugins.action import ActionBase
-from ansible.plugins.loader import module_utils_loader
 
-SHARED = "specfleet_content_manifest"
-
-
-def content_manifest():
-    """module_utils/content_manifest.py, the code the module ships to a box, imported here by its path."""
-    if SHARED not in sys.modules:
-        path = module_utils_loader.find_plugin("content_manifest")
-        spec = importlib.util.spec_from_file_location(SHARED, path)
-        shared = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(shared)
-        sys.modules[SHARED] = shared
-    return sys.modules[SHARED]
+_SPEC = importlib.util.spec_from_file_location(
+    "specfleet_content_manifest", Path(__file__).resolve().parents[1] / "module_utils" / "content_manifest.py"
+)
+content_manifest = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(content_manifest)
 
 
 class ActionModule(ActionBase):
@@ -32,9 +25,8 @@ class ActionModule(ActionBase):
         # per call as a module; read as this user, it needs neither.
         if self._connection.transport != "local" or self._play_context.become:
             return {**result, **self._execute_module(task_vars=task_vars)}
-        shared = content_manifest()
-        _, args = self.validate_argument_spec(argument_spec=shared.ARGUMENT_SPEC)
+        _, args = self.validate_argument_spec(argument_spec=content_manifest.ARGUMENT_SPEC)
         try:
-            return {**result, **shared.describe(check_mode=self._task.check_mode, **args)}
-        except shared.ManifestError as error:
+            return {**result, **content_manifest.describe(check_mode=self._task.check_mode, **args)}
+        except content_manifest.ManifestError as error:
             return {**result, "failed": True, "msg": str(error)}
