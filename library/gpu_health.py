@@ -21,6 +21,8 @@ description:
     C(EgressCtrl+) in C(lspci -vvv)'s C(ACSCtl)) on a bridge above a GPU are a C(warning) too, for the same
     reason; the bridges are the GPU's parents in sysfs. The fix (BIOS, or C(setpci) until the next boot)
     is in the message. Without C(lspci) this part is skipped and said in C(acs).
+  - "deploy.yml reads this fact through M(gpu_topology)'s I(health), in the topology's own call. On its own
+    the module checks a fleet's GPUs without a deploy (C(ansible gpu_boxes -b -m gpu_health))."
   - Changes nothing on the host; C(changed) is always C(false).
 options:
   nvidia_smi:
