@@ -30,7 +30,11 @@ description:
     before vLLM 0.25; a Llama drafter with C(yarn) RoPE carrying C(mscale)/C(mscale_all_dim) before vLLM
     0.30; drafter C(max_position_embeddings) below I(served_max_model_len); I(pipeline_parallel_size) above 1.
     Warnings never fail the task.
-  - Changes nothing on the host; C(changed) is always C(false).
+  - "With I(normalize), a checkpoint without problems gets the keys vLLM reads explicitly in its
+    C(config.json): the aux layer ids at the top level (vLLM does not look under C(eagle_config)) and
+    C(norm_before_residual) (its default differs per format). The original is kept as C(config.orig.json)
+    (an existing one is left: it is the first original). The new file replaces the old at once. Only then
+    is C(changed) true; otherwise the module changes nothing."
 options:
   path:
     description: The drafter directory (the one holding C(config.json)).
@@ -58,6 +62,11 @@ options:
     default: 1
   checksum:
     description: Add the sha256 of every file read to C(files) (reads the whole weights once).
+    type: bool
+    default: false
+  normalize:
+    description: Write the explicit C(config.json) where it differs (above); meant for a staged copy, not yet
+      published.
     type: bool
     default: false
   fail_on_problems:
@@ -112,6 +121,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+normalized:
+  description: Whether I(normalize) wrote C(config.json) (in check mode, would write it).
+  returned: always
+  type: bool
 ansible_facts:
   description: Facts added to C(ansible_facts).
   returned: always
@@ -237,6 +250,7 @@ ansible_facts:
 import json
 import math
 import os
+import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.safetensors_header import INDEX_NAME, read_checkpoint
@@ -731,6 +745,38 @@ def failure_message(path, problems):
     return f"{path}: not a usable EAGLE-3 drafter: " + "; ".join(" ".join(p.split()) for p in problems)
 
 
+def explicit_config(facts):
+    """config.json as vLLM should read it: the aux layer ids at the top level, norm_before_residual said."""
+    config = dict(facts["config"])
+    if facts["aux_layer_ids"]:
+        config[AUX_IDS_KEY] = facts["aux_layer_ids"]
+    config.setdefault("norm_before_residual", False)
+    return config
+
+
+def normalize(module, path, facts):
+    """Write the explicit config.json where it differs, the original kept as config.orig.json; True if it
+    differs (in check mode nothing is written)."""
+    explicit = explicit_config(facts)
+    if explicit == facts["config"]:
+        return False
+    if module.check_mode:
+        return True
+    config, original = os.path.join(path, "config.json"), os.path.join(path, "config.orig.json")
+    staged = os.path.join(module.tmpdir, "config.json")
+    if not os.path.exists(original):
+        shutil.copyfile(config, staged)
+        os.chmod(staged, 0o644)
+        module.atomic_move(staged, original)
+    # As Ansible's to_nice_json writes JSON, with the newline a text file ends with.
+    text = json.dumps(explicit, indent=4, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
+    with open(staged, "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+    os.chmod(staged, 0o644)
+    module.atomic_move(staged, config)
+    return True
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -740,6 +786,7 @@ def main():
             served_max_model_len=dict(type="int"),
             pipeline_parallel_size=dict(type="int", default=1),
             checksum=dict(type="bool", default=False),
+            normalize=dict(type="bool", default=False),
             fail_on_problems=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -766,9 +813,15 @@ def main():
         pipeline_parallel_size=params["pipeline_parallel_size"],
         sha256=module.sha256 if params["checksum"] else None,
     )
-    result = {"changed": False, "ansible_facts": {"eagle3_checkpoint": facts}}
-    if facts["problems"] and params["fail_on_problems"]:
-        module.fail_json(msg=failure_message(params["path"], facts["problems"]), **result)
+    result = {"changed": False, "normalized": False, "ansible_facts": {"eagle3_checkpoint": facts}}
+    if facts["problems"]:
+        if params["fail_on_problems"]:
+            module.fail_json(msg=failure_message(params["path"], facts["problems"]), **result)
+    elif params["normalize"]:
+        try:
+            result["normalized"] = result["changed"] = normalize(module, params["path"], facts)
+        except OSError as error:
+            module.fail_json(msg=f"cannot write {params['path']}/config.json: {error}", **result)
     module.exit_json(**result)
 
 

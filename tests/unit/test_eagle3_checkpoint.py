@@ -982,3 +982,33 @@ def test_main_rejects_unknown_option(sim_models, run_module):
     result = run_module(ec, {"path": str(sim_models / "eagle3-accept"), "bogus": 1})
     assert result["failed"] is True
     assert "bogus" in result["msg"]
+
+
+def test_normalize_writes_the_keys_vllm_reads_and_keeps_the_original(tmp_path, run_module):
+    drafter, _config = tiny(tmp_path)  # aux layer ids only under eagle_config, norm_before_residual unsaid
+    original = (drafter / "config.json").read_bytes()
+    result = run_module(ec, {"path": str(drafter), "normalize": True, "_ansible_check_mode": True})
+    assert result["changed"] is True and result["normalized"] is True, result
+    assert (drafter / "config.json").read_bytes() == original and not (drafter / "config.orig.json").exists()
+
+    result = run_module(ec, {"path": str(drafter), "normalize": True})
+    assert result["changed"] is True and result["normalized"] is True, result
+    assert (drafter / "config.orig.json").read_bytes() == original
+    written = json.loads((drafter / "config.json").read_text())
+    aux = result["ansible_facts"]["eagle3_checkpoint"]["aux_layer_ids"]
+    assert aux and written == {**json.loads(original), ec.AUX_IDS_KEY: aux, "norm_before_residual": False}
+    assert (drafter / "config.json").read_text().endswith("}\n")
+
+    again = run_module(ec, {"path": str(drafter), "normalize": True})
+    assert again["changed"] is False and again["normalized"] is False, again
+    facts = again["ansible_facts"]["eagle3_checkpoint"]
+    assert not [w for w in facts["warnings"] if "only under eagle_config" in w or w.startswith("norm_before")]
+    assert (drafter / "config.orig.json").read_bytes() == original
+
+
+def test_normalize_leaves_a_checkpoint_with_problems_alone(tmp_path, run_module):
+    drafter, _config = tiny(tmp_path, drop=["lm_head.weight"])
+    original = (drafter / "config.json").read_bytes()
+    result = run_module(ec, {"path": str(drafter), "normalize": True, "fail_on_problems": False})
+    assert result["changed"] is False and result["normalized"] is False, result
+    assert (drafter / "config.json").read_bytes() == original and not (drafter / "config.orig.json").exists()
