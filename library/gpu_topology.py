@@ -517,7 +517,7 @@ def main():
     health_options = {name: spec for name, spec in HEALTH_OPTIONS.items() if name != "nvidia_smi"}
     module = AnsibleModule(
         argument_spec={
-            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "nvidia_smi": HEALTH_OPTIONS["nvidia_smi"],
             "health": {"type": "dict", "options": health_options},
         },
         supports_check_mode=True,

@@ -881,7 +881,7 @@ def test_main_check_mode_on_a_sim_drafter(sim_models, run_module):
     assert set(facts) == FACT_KEYS
     assert facts["valid"] is True
     assert facts["vllm_version"] == "0.32.0"
-    # The config as read, for the role's normalisation (no second read of config.json).
+    # The config as read, so that a caller need not read config.json again.
     assert facts["config"] == json.loads((sim_models / "eagle3-accept" / "config.json").read_text())
     assert facts["files"] == [
         {"name": "config.json", "size": (sim_models / "eagle3-accept" / "config.json").stat().st_size},
