@@ -62,19 +62,26 @@ def run_module(capsys):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Minutes per molecule step of each scenario (recorded by tests/scenarios/test_molecule.py)."""
+    """Minutes per molecule step of each scenario, and its slowest plays (recorded by
+    tests/scenarios/test_molecule.py): where the next minutes of the suite are."""
     rows = []
     for reports in terminalreporter.stats.values():
         for report in reports:
-            minutes = dict(getattr(report, "user_properties", ())).get("scenario_minutes")
+            properties = dict(getattr(report, "user_properties", ()))
+            minutes = properties.get("scenario_minutes")
             if minutes and getattr(report, "when", "") == "call":
                 name = report.nodeid.split("@")[0].rsplit("[", 1)[-1].rstrip("]")
                 steps = ", ".join(f"{step} {value:.1f}" for step, value in minutes.items())
-                rows.append(f"{name:<18} {sum(minutes.values()):5.1f} min  ({steps})")
+                plays = [
+                    f"  {value:5.0f} s  {line[:110]}"
+                    for value, line in properties.get("scenario_slowest_plays", [])
+                ]
+                rows.append("\n".join([f"{name:<18} {sum(minutes.values()):5.1f} min  ({steps})", *plays]))
     if rows:
-        terminalreporter.write_sep("-", "scenario minutes")
+        terminalreporter.write_sep("-", "scenario minutes (and each scenario's slowest plays)")
         for row in sorted(rows):
-            terminalreporter.write_line(row)
+            for line in row.splitlines():
+                terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -295,6 +295,8 @@ class Scenario:
             "MOLECULE_EPHEMERAL_DIRECTORY": str(workdir / "molecule"),
         }
         self.minutes: dict[str, float] = {}
+        # Each play's seconds and command line, for the slowest ones in the summary (tests/conftest.py).
+        self.plays: list[tuple[float, str]] = []
 
     @property
     def inventory(self) -> Path:
@@ -341,7 +343,21 @@ class Scenario:
         connection of the box, and any other inventory given."""
         extra = kwargs.pop("inventory", None)
         inventories = [self.inventory, self.ssh_inventory, *([extra] if extra else [])]
-        return run_playbook(playbook, *args, inventory=inventories, **kwargs)
+        started = time.monotonic()
+        try:
+            return run_playbook(playbook, *args, inventory=inventories, **kwargs)
+        finally:
+            line = shlex.join(
+                [
+                    Path(playbook).name,
+                    *args,
+                    *(["-e", json.dumps(kwargs["extra_vars"])] if kwargs.get("extra_vars") else []),
+                ]
+            )
+            self.plays.append((time.monotonic() - started, line))
+
+    def slowest_plays(self, count: int = 3) -> list[tuple[float, str]]:
+        return sorted(self.plays, reverse=True)[:count]
 
     def syntax(self) -> None:
         run = run_playbook(self.converge_playbook, "--syntax-check", inventory=ROOT / "inventory/local")
