@@ -69,8 +69,8 @@ ansible-playbook deploy.yml "${deploy_args[@]}" -i inventory/local -i "$work/con
 }
 grep -E '^sim-gpu-box +:' "$work/deploy.log"
 podman stop "$box" >/dev/null
-stale=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 podman commit --quiet --change "LABEL specfleet.content=$content" "$box" "$image" >/dev/null
-# The image this one replaces, untagged now: about 4 GB each. Kept while a container or image uses it.
-[ -z "$stale" ] || podman rmi "$stale" >/dev/null 2>&1 || true
+# The images this one replaces, untagged now (about 4 GB each; an installed one once no converged one
+# is made from it); images a container still uses are kept.
+podman image prune --force --filter label=specfleet.content >/dev/null
 echo "$kind image $image: built"
