@@ -18,15 +18,18 @@ case "$kind" in
     # What decides its content: the install role, the sim box (its models and the controller key it
     # authorizes: the boxes started from these images skip prepare) and the inventory's pins.
     inputs=(roles/vllm sim/prepare.yml sim/roles sim/build_models.py inventory/local)
+    key="$cache_dir/ssh/id_ed25519.pub"
     prepare=true
     deploy_args=(--tags vllm)
     ;;
   converged)
     base=localhost/specfleet-simbox:installed
     sim/build-box-image.sh installed
-    # Everything a deploy reads, and the drafter it ships (inventory/local's eagle3_drafter_source).
+    # Everything a deploy reads, and the drafter it ships (inventory/local's eagle3_drafter_source); the
+    # controller key is the installed image's, which its Id stands for.
     inputs=(deploy.yml monitoring.yml ansible.cfg roles library module_utils action_plugins filter_plugins
       inventory/local build/sim-models/eagle3-known-3.4)
+    key=/dev/null
     prepare=false
     deploy_args=()
     ;;
@@ -42,7 +45,7 @@ content=$(
   {
     podman image inspect --format '{{.Id}}' "$base"
     find "${inputs[@]}" -type f -not -path "*/__pycache__/*" -print0 | sort -z | xargs -0 sha256sum
-    cat "$cache_dir/ssh/id_ed25519.pub"
+    cat "$key"
   } | sha256sum | cut -c1-16
 )
 if [ "$(podman image inspect --format '{{index .Labels "specfleet.content"}}' "$image" 2>/dev/null)" = "$content" ]; then
