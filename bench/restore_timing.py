@@ -2,29 +2,26 @@
 figures; not a test).
 
 Creates its own box container (specfleet-bench-restore; SSH on loopback port 22125, the server on
-18002), deploys (which records the last known good), then breaks it two ways and reads ansible's own
-event times: a bogus server flag (detected when readiness sees the crash) and a drafter under the
-gate's floors (detected when the gate's smoke test fails). "Serving again" is the restore's real
-completion. Removes the box after.
+18002), deploys (which records the last known good), then breaks it two ways and reads when each task
+result came (the scenario driver's results): a bogus server flag (detected when readiness sees the
+crash) and a drafter under the gate's floors (detected when the gate's smoke test fails). "Serving
+again" is the restore's real completion. Removes the box after.
 
     .venv/bin/python bench/restore_timing.py
 """
 
-import datetime
-import os
-import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import ansible_runner
 import yaml
 from sim_bench import box_vars
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "tests"))
+from driver import run_playbook  # noqa: E402 (the scenario driver, from tests/)
+
 BOX = "specfleet-bench-restore"
 INVENTORY = box_vars(BOX, 22125, 18002)
 GROUP_VARS = yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").read_text())
@@ -37,56 +34,35 @@ GATE_MISSED = ("gate", "gate/tasks/main.yml", "vllm_spec_smoke")
 
 
 def play(playbook, extra=None, tags=None):
-    """Run a playbook against the bench box; returns (rc, events, wall seconds)."""
-    with tempfile.TemporaryDirectory() as private:
-        started = time.monotonic()
-        runner = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(ROOT),
-            playbook=str(ROOT / playbook),
-            cmdline=shlex.join(INVENTORY),
-            extravars=extra or {},
-            tags=tags,
-            envvars={"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"},
-            quiet=True,
-        )
-        events = list(runner.events)
-        return runner.rc, events, time.monotonic() - started
+    """Run a playbook against the bench box; returns (rc, its task results, wall seconds)."""
+    started = time.monotonic()
+    run = run_playbook(playbook, *INVENTORY, *(["--tags", tags] if tags else []), extra_vars=extra)
+    return run.rc, run.results, time.monotonic() - started
 
 
-def when(event):
-    return datetime.datetime.fromisoformat(event["created"])
-
-
-def event_times(events, role, file, action, kind):
+def event_times(results, role, file, action, status):
+    """When each matching result came (seconds since the epoch)."""
     return [
-        when(e)
-        for e in events
-        if e["event"] == kind
-        and e.get("event_data", {}).get("role") == role
-        and e["event_data"].get("task_path", "").rsplit(":", 1)[0].endswith(file)
-        and (e["event_data"].get("resolved_action") or e["event_data"].get("task_action", "")).endswith(
-            action
-        )
+        r.ended
+        for r in results
+        if r.status == status and r.role == role and r.file.endswith(file) and r.action.endswith(action)
     ]
 
 
-def time_to_serving(events, detected):
+def time_to_serving(results, detected):
     """Seconds from the failure's event to the last completion confirmed after the restore began."""
-    restore = event_times(events, "last_good", "last_good/tasks/restore.yml", "last_good", "runner_on_ok")
-    served = [t for t in event_times(events, *READY, "runner_on_ok") if restore and t > restore[0]]
+    restore = event_times(results, "last_good", "last_good/tasks/restore.yml", "last_good", "ok")
+    served = [t for t in event_times(results, *READY, "ok") if restore and t > restore[0]]
     if not (detected and restore and served):
         sys.exit("the run did not fail, restore and serve again as expected")
-    return (served[-1] - detected[-1]).total_seconds(), (restore[0] - detected[-1]).total_seconds()
+    return served[-1] - detected[-1], restore[0] - detected[-1]
 
 
-def engine_start_s(events):
+def engine_start_s(results):
     """The restore's own server start: its restart task to the readiness check's answer."""
-    restart = event_times(
-        events, "last_good", "last_good/tasks/restore.yml", "systemd_service", "runner_on_ok"
-    )
-    served = event_times(events, *READY, "runner_on_ok")
-    return (served[-1] - restart[-1]).total_seconds()
+    restart = event_times(results, "last_good", "last_good/tasks/restore.yml", "systemd_service", "ok")
+    served = event_times(results, *READY, "ok")
+    return served[-1] - restart[-1]
 
 
 def main():
@@ -108,9 +84,9 @@ def main():
         ]
         rows = []
         for name, extra, tags, detection in cases:
-            rc, events, wall = play("deploy.yml", extra, tags=tags)
-            detected = event_times(events, *detection, "runner_on_failed")
-            rows.append((name, wall, *time_to_serving(events, detected), engine_start_s(events)))
+            rc, results, wall = play("deploy.yml", extra, tags=tags)
+            detected = event_times(results, *detection, "failed")
+            rows.append((name, wall, *time_to_serving(results, detected), engine_start_s(results)))
         print(f"{'failed change':<36} {'run':>7} {'serving':>9} {'restore':>9} {'a start':>9} {'ratio':>6}")
         for name, wall, serving, restore, start in rows:
             ratio = serving / start

@@ -1,12 +1,16 @@
-"""The one scenario driver: runs playbooks with ansible-runner and reads their events.
+"""The one scenario driver: runs ansible-playbook and reads its results as JSON.
 
 Every scenario and the preflight tests use it. Tests select results by what a task *is* — the
 host, the role, the file the task lives in, the module it runs — and assert on what it returned
 (changed, msg, facts), never on the text of task names, which stay free to change.
 
+Each run writes its results through tests/callback_plugins/results.py (a line per task result, then
+the recap), beside ansible's own screen output, and keeps the modules it builds for the next run
+(tests/callback_plugins/ansiballz_cache.py).
+
 A molecule scenario is run step by step (`Scenario.test`) in the order of its `test_sequence`:
 molecule creates, prepares, verifies and destroys the box; syntax, converge, idempotence and
-check run here, read as events; and at the `side_effect` step the scenario's Python side effect
+check run here, read as structured results; and at the `side_effect` step the scenario's Python side effect
 (`molecule/<name>/side_effect.py`, a function `side_effect(scenario)`, plus optional
 `after_<step>(scenario)` checks, e.g. `after_prepare` on the fresh box), which drives playbooks
 through this driver.
@@ -14,6 +18,7 @@ through this driver.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -25,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ansible_runner
+import ansible
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,17 +45,25 @@ CONTROLLER_ACTIONS = {
         for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
     ),
 }
-STATUSES = {
-    "runner_on_ok": "ok",
-    "runner_on_failed": "failed",
-    "runner_on_skipped": "skipped",
-    "runner_on_unreachable": "unreachable",
-}
+CACHE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet")
+
+
+def _ansiballz_cache() -> Path:
+    """Where the runs keep the modules they build (tests/callback_plugins/ansiballz_cache.py): named after
+    what a built module holds, ansible-core (its version, in this virtualenv) and the repo's modules."""
+    digest = hashlib.sha256(f"{sys.prefix} {ansible.__version__}".encode())
+    for path in sorted((*ROOT.glob("library/**/*"), *ROOT.glob("module_utils/**/*"))):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(f"{path.relative_to(ROOT)}\0".encode() + path.read_bytes())
+    return CACHE / "ansiballz" / digest.hexdigest()[:16]
+
+
+ANSIBALLZ_CACHE = _ansiballz_cache()
 
 
 @dataclass(frozen=True, eq=False)  # one result is one event: identity, not equal fields
 class TaskResult:
-    """One task's result on one host, as ansible-runner reported it."""
+    """One task's result on one host, as tests/callback_plugins/results.py wrote it."""
 
     host: str
     status: str  # ok, failed, skipped, unreachable
@@ -61,6 +74,7 @@ class TaskResult:
     ignored: bool
     result: dict = field(repr=False)
     name: str = field(default="", compare=False)  # for messages only: never select on it
+    ended: float = field(default=0.0, compare=False)  # time.time() when the result came
 
     @property
     def changed(self) -> bool:
@@ -87,32 +101,31 @@ def _relative(task_path: str) -> str:
 class Run:
     """What one ansible-playbook run did: exit code, per-host recap, every task result."""
 
-    def __init__(self, argv: list[str], runner) -> None:
+    def __init__(self, argv: list[str], rc: int, stdout: str, lines: list[dict]) -> None:
         self.argv = argv
-        self.rc = runner.rc
-        self.status = runner.status
-        self.stats = runner.stats or {}
-        self.stdout = runner.stdout.read() if runner.stdout else ""
+        self.rc = rc
+        self.stdout = stdout
+        recaps = [line["recap"] for line in lines if "recap" in line]
+        self.stats = recaps[-1] if recaps else {}
         self.results: list[TaskResult] = []
-        for event in runner.events:
-            status = STATUSES.get(event["event"])
-            data = event.get("event_data", {})
-            if status is None or not data.get("task_path"):
+        for line in lines:
+            if "recap" in line or not line["path"]:
                 continue
-            file = _relative(data["task_path"])
+            file = _relative(line["path"])
             self.results.append(
                 TaskResult(
-                    host=data.get("host", ""),
-                    status=status,
-                    role=data.get("role") or None,
-                    action=data.get("resolved_action") or data.get("task_action", ""),
+                    host=line["host"],
+                    status=line["status"],
+                    role=line["role"],
+                    action=line["action"],
                     file=file,
                     handler="/handlers/" in f"/{file}",
-                    # ansible-runner's unreachable events carry no ignore flag: roles/rollout's reach check
-                    # ignores its own failure and says it again in the box's one line.
-                    ignored=bool(data.get("ignore_errors")) or file == REACH_CHECK,
-                    result=data.get("res") or {},
-                    name=data.get("task", ""),
+                    # An unreachable result carries no ignore flag: roles/rollout's reach check ignores its
+                    # own failure and says it again in the box's one line.
+                    ignored=line["ignored"] or file == REACH_CHECK,
+                    result=line["res"],
+                    name=line["name"],
+                    ended=line["ended"],
                 )
             )
 
@@ -189,8 +202,8 @@ class Run:
         )
 
 
-def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None, timeout=None) -> Run:
-    """ansible-playbook PLAYBOOK ARGS... from the repo root, through ansible-runner.
+def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None) -> Run:
+    """ansible-playbook PLAYBOOK ARGS... from the repo root; its results read as JSON.
 
     args are ansible-playbook's own (`--tags`, `--check`, `-e key=value` as a user types them);
     extra_vars (a dict) go as one JSON `-e`, typed.
@@ -200,26 +213,28 @@ def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None, tim
         cmdline += ["-i", str(path)]
     if extra_vars:
         cmdline += ["-e", json.dumps(extra_vars)]
-    argv = [str(BIN / "ansible-playbook"), str(playbook), *cmdline]
-    with tempfile.TemporaryDirectory(prefix="specfleet-run-") as private:
-        runner = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(ROOT),
-            playbook=str(ROOT / playbook),
-            cmdline=shlex.join(cmdline),
-            # The venv's ansible-playbook, whatever PATH the tests were started with.
-            envvars={
+    # The venv's ansible-playbook, whatever PATH the tests were started with.
+    argv = [str(BIN / "ansible-playbook"), str(ROOT / playbook), *cmdline]
+    with tempfile.NamedTemporaryFile(prefix="specfleet-results-", suffix=".jsonl") as results:
+        finished = subprocess.run(
+            argv,
+            cwd=ROOT,
+            env={
+                **os.environ,
                 "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0",
-                # ansible-runner turns host key checking off unless told; ansible-playbook's default is on.
-                "ANSIBLE_HOST_KEY_CHECKING": "True",
+                "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/callback_plugins"),
+                "SPECFLEET_RESULTS": results.name,
+                "SPECFLEET_ANSIBALLZ_CACHE": str(ANSIBALLZ_CACHE),
                 **(env or {}),
             },
-            timeout=timeout,
-            quiet=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
         )
-        return Run(argv, runner)
+        lines = [json.loads(line) for line in Path(results.name).read_text().splitlines()]
+    return Run(argv, finished.returncode, finished.stdout, lines)
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -271,7 +286,7 @@ class Scenario:
     """A molecule scenario run step by step, with its side effect in Python.
 
     molecule creates, prepares, verifies (testinfra) and destroys the box; the playbook steps
-    (syntax, converge, idempotence, check) run here through ansible-runner, with the same playbook
+    (syntax, converge, idempotence, check) run here through run_playbook, with the same playbook
     and inventory molecule would use, so that their checks read structured results too.
     """
 
