@@ -18,11 +18,13 @@ through this driver.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,12 +52,21 @@ CACHE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specflee
 
 def _ansiballz_cache() -> Path:
     """Where the runs keep the modules they build (tests/callback_plugins/ansiballz_cache.py): named after
-    what a built module holds, ansible-core (its version, in this virtualenv) and the repo's modules."""
-    digest = hashlib.sha256(f"{sys.prefix} {ansible.__version__}".encode())
+    what a built module holds, ansible and its collections (the virtualenv, one per requirements.txt,
+    that every clone links) and the repo's modules. Caches no suite started from for a week go."""
+    digest = hashlib.sha256(f"{Path(sys.prefix).resolve()} {ansible.__version__}".encode())
     for path in sorted((*ROOT.glob("library/**/*"), *ROOT.glob("module_utils/**/*"))):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(f"{path.relative_to(ROOT)}\0".encode() + path.read_bytes())
-    return CACHE / "ansiballz" / digest.hexdigest()[:16]
+    caches = CACHE / "ansiballz"
+    for old in caches.glob("*"):
+        with contextlib.suppress(FileNotFoundError):  # another pytest worker pruned it first
+            if time.time() - old.stat().st_mtime > 7 * 86400:
+                shutil.rmtree(old, ignore_errors=True)
+    cache = caches / digest.hexdigest()[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    os.utime(cache)  # in use: kept
+    return cache
 
 
 ANSIBALLZ_CACHE = _ansiballz_cache()
