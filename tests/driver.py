@@ -34,6 +34,7 @@ from pathlib import Path
 
 import ansible
 import yaml
+from vllm_wheels import CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -47,7 +48,6 @@ CONTROLLER_ACTIONS = {
         for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
     ),
 }
-CACHE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet")
 
 
 def _ansiballz_cache() -> Path:
@@ -213,7 +213,7 @@ class Run:
         )
 
 
-def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None) -> Run:
+def run_playbook(playbook, *args, inventory=None, extra_vars=None) -> Run:
     """ansible-playbook PLAYBOOK ARGS... from the repo root; its results read as JSON.
 
     args are ansible-playbook's own (`--tags`, `--check`, `-e key=value` as a user types them);
@@ -236,7 +236,6 @@ def run_playbook(playbook, *args, inventory=None, extra_vars=None, env=None) -> 
                 "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/callback_plugins"),
                 "SPECFLEET_RESULTS": results.name,
                 "SPECFLEET_ANSIBALLZ_CACHE": str(ANSIBALLZ_CACHE),
-                **(env or {}),
             },
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
