@@ -5,7 +5,6 @@ structured results; testinfra (tests/) then checks the box itself."""
 
 import base64
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import yaml
 from driver import ROOT, SECOND_BOX
 from last_good_checks import UNIT, assert_restored
 from sim_box_client import GROUP_VARS
+from vllm_wheels import CACHE
 
 MODELS = ROOT / "build/sim-models"
 DRAFTERS = "/srv/drafters"
@@ -290,7 +290,7 @@ HEALTH = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/h
 SIM = yaml.safe_load(GROUP_VARS.read_text())
 SIM_EXTRA_ARGS, SIM_VERSION = SIM["vllm_service_extra_args"], SIM["vllm_version"]
 BROKEN_VERSION = "0.32.1"
-WHEELHOUSE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specfleet") / "wheelhouse"
+WHEELHOUSE = CACHE / "wheelhouse"
 
 
 # The sim's target lies at /srv/models/tokenmap as a plain directory (sim/roles/sim_box).
