@@ -356,7 +356,7 @@ def fleet_report_from_the_box(scenario):
     which a real headless browser renders with the box's row and the plots."""
     host = scenario.host
     reports = scenario.workdir / "fleet-report"
-    run = scenario.play("report.yml", "-e", f"report_dir={reports}")
+    run = scenario.play("report.yml", "-e", f"gate_report_dir={reports}")
     assert run.ok, str(run)
     written = run.one(host="localhost", action="fleet_report").result
     [box] = written["boxes"]
