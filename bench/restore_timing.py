@@ -40,7 +40,7 @@ def play(playbook, extra=None, tags=None):
     return run.rc, run.results, time.monotonic() - started
 
 
-def event_times(results, role, file, action, status):
+def result_times(results, role, file, action, status):
     """When each matching result came (seconds since the epoch)."""
     return [
         r.ended
@@ -50,9 +50,9 @@ def event_times(results, role, file, action, status):
 
 
 def time_to_serving(results, detected):
-    """Seconds from the failure's event to the last completion confirmed after the restore began."""
-    restore = event_times(results, "last_good", "last_good/tasks/restore.yml", "last_good", "ok")
-    served = [t for t in event_times(results, *READY, "ok") if restore and t > restore[0]]
+    """Seconds from the failed result to the last completion confirmed after the restore began."""
+    restore = result_times(results, "last_good", "last_good/tasks/restore.yml", "last_good", "ok")
+    served = [t for t in result_times(results, *READY, "ok") if restore and t > restore[0]]
     if not (detected and restore and served):
         sys.exit("the run did not fail, restore and serve again as expected")
     return served[-1] - detected[-1], restore[0] - detected[-1]
@@ -60,8 +60,8 @@ def time_to_serving(results, detected):
 
 def engine_start_s(results):
     """The restore's own server start: its restart task to the readiness check's answer."""
-    restart = event_times(results, "last_good", "last_good/tasks/restore.yml", "systemd_service", "ok")
-    served = event_times(results, *READY, "ok")
+    restart = result_times(results, "last_good", "last_good/tasks/restore.yml", "systemd_service", "ok")
+    served = result_times(results, *READY, "ok")
     return served[-1] - restart[-1]
 
 
@@ -85,7 +85,7 @@ def main():
         rows = []
         for name, extra, tags, detection in cases:
             rc, results, wall = play("deploy.yml", extra, tags=tags)
-            detected = event_times(results, *detection, "failed")
+            detected = result_times(results, *detection, "failed")
             rows.append((name, wall, *time_to_serving(results, detected), engine_start_s(results)))
         print(f"{'failed change':<36} {'run':>7} {'serving':>9} {'restore':>9} {'a start':>9} {'ratio':>6}")
         for name, wall, serving, restore, start in rows:
