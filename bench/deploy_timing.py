@@ -46,7 +46,7 @@ def task_results(output, host="sim-gpu-box"):
 
 def smoke_seconds(output):
     """The gate's measuring calls of a run (the smoke test, and the baseline when one is measured)."""
-    return sum(seconds for action, seconds, _ in task_results(output) if action == "vllm_spec_smoke")
+    return sum(seconds for action, seconds, _ in task_results(output) if action == "speculation_gate")
 
 
 def round_trips(output):

@@ -5,7 +5,7 @@ Starts its own sim box from the installed image (container specfleet-bench-known
 the server on 127.0.0.1:18002), serving the token-map target. For each eagle3-known-* drafter
 (sim/build_models.py, KNOWN ACCEPTANCE) it ships the drafter with `deploy.yml --tags eagle3` and prints,
 beside the theory in the drafter's sim-theory.json:
-  - the gate's figures (roles/gate's smoke test through vllm_spec_smoke, from its JSON report), with their
+  - the gate's figures (roles/gate's smoke test through speculation_gate, from its JSON report), with their
     confidence intervals;
   - vLLM's own `vllm bench serve` figures for the same server (run inside the box);
   - per-request counts for chat requests that start the token walk at every one of the cycle's tokens
@@ -164,7 +164,7 @@ def old_gate(counts):
 
 def new_gate(draw, first=8, budget=32, confidence=0.95):
     """The smoke module's rule on a sequence of per-request counts (module_utils/spec_stats, as
-    library/vllm_spec_smoke.py calls it at concurrency 1): rounds of `first` requests while the interval
+    library/speculation_gate.py calls it at concurrency 1): rounds of `first` requests while the interval
     straddles the floor, up to `budget`; still straddling then: fail."""
     z = spec_stats.z_score(confidence)
     sent = first

@@ -30,7 +30,7 @@ GROUP_VARS = yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").
 GOAL_OVER_ONE_START = 1.5
 # The readiness check: it fails when the unit crashes, and answers ok once a real completion came.
 READY = ("vllm_service", "vllm_service/tasks/ready.yml", "script")
-GATE_MISSED = ("gate", "gate/tasks/main.yml", "vllm_spec_smoke")
+GATE_MISSED = ("gate", "gate/tasks/main.yml", "speculation_gate")
 
 
 def play(playbook, extra=None, tags=None):
@@ -51,7 +51,7 @@ def result_times(results, role, file, action, status):
 
 def time_to_serving(results, detected):
     """Seconds from the failed result to the last completion confirmed after the restore began."""
-    restore = result_times(results, "last_good", "last_good/tasks/restore.yml", "last_good", "ok")
+    restore = result_times(results, "transaction", "transaction/tasks/rollback.yml", "last_good", "ok")
     served = [t for t in result_times(results, *READY, "ok") if restore and t > restore[0]]
     if not (detected and restore and served):
         sys.exit("the run did not fail, restore and serve again as expected")
@@ -60,7 +60,7 @@ def time_to_serving(results, detected):
 
 def engine_start_s(results):
     """The restore's own server start: its restart task to the readiness check's answer."""
-    restart = result_times(results, "last_good", "last_good/tasks/restore.yml", "systemd_service", "ok")
+    restart = result_times(results, "transaction", "transaction/tasks/restart.yml", "systemd_service", "ok")
     served = result_times(results, *READY, "ok")
     return served[-1] - restart[-1]
 

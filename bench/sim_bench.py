@@ -13,6 +13,7 @@ CACHE = Path(os.environ.get("SPECFLEET_CACHE") or Path.home() / ".cache/specflee
 # Actions the controller carries out without calling the box (controller_file: action_plugins/).
 CONTROLLER_ACTIONS = {
     "controller_file",
+    "role_arguments",
     *(
         f"ansible.builtin.{name}"
         for name in [

@@ -10,7 +10,7 @@ short_description: Read a JSONL file of real chat requests as the workload of a 
 description:
   - Reads a file with one chat completion request per line (JSON Lines), as an operator exports real
     traffic, checks every line and returns the requests with the file's sha256, for roles/gate's smoke
-    test (the C(requests) option of M(vllm_spec_smoke)).
+    test (the C(requests) option of M(speculation_gate)).
   - A line is a JSON object with a non-empty C(messages) list of objects, each with a C(role); C(max_tokens)
     and C(temperature) are optional (a whole number of at least 1, a number of at least 0); any other key is
     kept as it is. Blank lines are skipped.

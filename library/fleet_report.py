@@ -24,9 +24,8 @@ options:
   boxes:
     description:
       - One entry per box, C(host) and what was read from it, C(record) (the C(last_good) facts), C(metrics)
-        (the text of C(/metrics), or null when the server did not answer), C(floors) (roles/gate's
-        C(gate_floors)),
-        and C(error) (why the box could not be read, or null).
+        (the text of C(/metrics), or null when the server did not answer), C(floors) (roles/served's
+        C(served_floors)), and C(error) (why the box could not be read, or null).
     type: list
     elements: dict
     required: true

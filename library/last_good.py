@@ -15,11 +15,8 @@ description:
     of the same configuration do not rewrite it), so a run that changes nothing reports no change."
   - "C(state=restored): puts the recorded files and link targets back where they differ, and says which
     I(serving) values it cannot put back itself (the caller acts on those, or reports them)."
-  - "C(state=read): returns the record and changes nothing. With I(lock), this run first takes the box's
-    deploy lock (as M(deploy_lock) does), so that the record is read under it: a second run stops with
-    one line naming the holder, a stale lock is taken over."
-  - "With C(state=recorded) and I(lock), this run's lock is released once the record is kept (as
-    M(deploy_lock) I(state=released) does): the run's last call to the box."
+  - "C(state=read): returns the record and changes nothing (the deploy lock is M(deploy_lock)'s;
+    roles/transaction takes it before it reads the record)."
   - "The record directory and every file in it are root-only, since the environment file may hold
     the API key. Nothing secret is returned, only names, link targets, I(serving) and I(details)."
 options:
@@ -59,29 +56,6 @@ options:
         figure ever recorded with its date (C(best)), which the gate compares a later change with.
     type: dict
     default: {}
-  lock:
-    description:
-      - With I(state=read), the deploy lock to take before the record is read. With I(state=recorded),
-        this run's lock (I(path), I(token)) to release after the record is kept. Otherwise M(deploy_lock)
-        I(state=released) releases it.
-    type: dict
-    suboptions:
-      path:
-        description: The lock file.
-        type: path
-        default: /var/lib/specfleet/deploy.lock
-      holder:
-        description: Who runs the deploy, as the refusal line shows it to a second operator.
-        type: str
-        default: ""
-      token:
-        description: This run's own id on this box.
-        type: str
-        required: true
-      stale_after_s:
-        description: Age in seconds after which another run's lock is taken over.
-        type: int
-        default: 21600
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -96,11 +70,9 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Record what serves, then let the next deploy in
+- name: Record what serves
   last_good:
     state: recorded
-    lock:
-      token: "{{ run_token }}"
     files:
       unit: /etc/systemd/system/vllm.service
       environment: /etc/vllm/vllm.env
@@ -111,11 +83,9 @@ EXAMPLES = r"""
     details:
       gate: {acceptance_rate: 0.81}
 
-- name: One deploy at a time, then what a failure would go back to
+- name: What a failure would go back to
   last_good:
-    lock:
-      holder: alice@ops-laptop
-      token: "{{ run_token }}"
+    state: read
 
 - name: Put it back after a failed change
   last_good:
@@ -160,14 +130,6 @@ changes:
   returned: always
   type: list
   elements: str
-lock:
-  description: The deploy lock this run holds (holder, token, since), or null once released.
-  returned: when lock is given
-  type: dict
-taken_over:
-  description: The stale lock this run took over (its holder and time), or null.
-  returned: when lock is given with state=read
-  type: dict
 """
 
 import datetime
@@ -178,7 +140,6 @@ import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.box_lock import LOCK_OPTIONS, hold, release
 from ansible.module_utils.specfleet_files import replace_link
 
 RECORD = "record.json"
@@ -333,25 +294,16 @@ def main():
             "serving": {"type": "dict", "default": {}},
             "details": {"type": "dict", "default": {}},
             "measured": {"type": "dict", "default": {}},
-            "lock": {"type": "dict", "options": LOCK_OPTIONS},
         },
         supports_check_mode=True,
     )
     params = module.params
     state, directory = params["state"], params["dir"]
-    lock, locked = params["lock"], {}
-    if lock and state == "restored":
-        module.fail_json(
-            msg="lock is taken with state=read and released with state=recorded, not state=restored"
-        )
-    if lock and state == "read":
-        held, taken_over = hold(module, lock["path"], lock["holder"], lock["token"], lock["stale_after_s"])
-        locked = {"lock": held, "taken_over": taken_over}
     files, links = params["files"], params["links"]
     kept = read_record(module, directory)
     now = identity(module, files, links, params["serving"])
     changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
-    result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes, **locked}
+    result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes}
 
     if state == "recorded" and (kept is None or changes):
         result["changed"] = True
@@ -363,10 +315,6 @@ def main():
         result["restored"] = restore(module, directory, kept, files, links, now) if kept else []
         result["not_restored"] = differences(kept, now, "serving") if kept else []
         result["changed"] = bool(result["restored"])
-    if state == "recorded" and lock:
-        # After the record: a failure before this point leaves the lock to the run's restore and end.
-        release(module, lock["path"], lock["token"])
-        result["lock"] = None
     module.exit_json(**result)
 
 

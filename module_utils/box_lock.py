@@ -1,15 +1,16 @@
-"""The box's deploy lock, one JSON file: taken by last_good (state=read with lock, so that the record is
-read under it) or deploy_lock (state=held), released by deploy_lock. `module` gives fail_json and
-check_mode."""
+"""The box's deploy lock, one JSON file: taken (state=held) and released by deploy_lock. `module` gives
+fail_json and check_mode."""
 
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import tempfile
 
 __all__ = ["LOCK_OPTIONS", "hold", "release"]
 
-# The lock's options, as deploy_lock takes them and last_good's `lock` does.
+# The lock's options, as deploy_lock takes them.
 LOCK_OPTIONS = {
     "path": {"type": "path", "default": "/var/lib/specfleet/deploy.lock"},
     "holder": {"type": "str", "default": ""},
@@ -55,33 +56,55 @@ def create(module, path, lock):
         os.remove(temporary)
 
 
+@contextlib.contextmanager
+def guarded(path):
+    """Every take-over and release of the lock on this box, one at a time: an exclusive flock on the
+    lock's directory. Two runs that both found a stale lock would otherwise both remove it, and the
+    second would remove the first one's new lock."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
+def judge(module, path, token, stale_after_s):
+    """(the lock there now, whose stale lock this run takes over); fails while another run holds it."""
+    lock = read_lock(path)
+    if lock is None or lock.get("token") == token:
+        return lock, None
+    age = age_s(lock, path)
+    if age < stale_after_s:
+        module.fail_json(
+            msg=f"another deploy holds this box: {lock.get('holder') or 'unknown'} since "
+            f"{lock.get('since', '?')} ({int(age // 60)} min ago); it is taken over as stale after "
+            f"{stale_after_s / 3600:g} h, or remove {path} once that run is gone",
+            lock={k: lock.get(k) for k in ("holder", "since")},
+        )
+    return lock, {k: lock.get(k) for k in ("holder", "since")}
+
+
 def hold(module, path, holder, token, stale_after_s):
     mine = {"holder": holder, "token": token, "since": now().isoformat(timespec="seconds")}
-    lock = read_lock(path)
-    taken_over = None
-    if lock is not None and lock.get("token") == token:
-        return lock, None
-    if lock is not None:
-        age = age_s(lock, path)
-        if age < stale_after_s:
-            module.fail_json(
-                msg=f"another deploy holds this box: {lock.get('holder') or 'unknown'} since "
-                f"{lock.get('since', '?')} ({int(age // 60)} min ago); it is taken over as stale after "
-                f"{stale_after_s / 3600:g} h, or remove {path} once that run is gone",
-                lock={k: lock.get(k) for k in ("holder", "since")},
-            )
-        taken_over = {k: lock.get(k) for k in ("holder", "since")}
     if module.check_mode:
-        return mine, taken_over
-    if taken_over is not None:
-        os.remove(path)
-    try:
-        create(module, path, mine)
-    except FileExistsError:
-        other = read_lock(path) or {}
-        module.fail_json(
-            msg=f"another deploy took this box's lock just now: {other.get('holder') or 'unknown'}"
-        )
+        lock, taken_over = judge(module, path, token, stale_after_s)
+        return (lock if taken_over is None and lock is not None else mine), taken_over
+    with guarded(path):
+        lock, taken_over = judge(module, path, token, stale_after_s)
+        if lock is not None and taken_over is None:
+            return lock, None  # this run's own lock (a second entry point)
+        if taken_over is not None:
+            os.remove(path)
+        try:
+            create(module, path, mine)
+        except FileExistsError:  # a run of an older release, which takes no guard
+            other = read_lock(path) or {}
+            module.fail_json(
+                msg=f"another deploy took this box's lock just now: {other.get('holder') or 'unknown'}"
+            )
     return mine, taken_over
 
 
@@ -89,6 +112,11 @@ def release(module, path, token):
     lock = read_lock(path)
     if lock is None or lock.get("token") != token:
         return lock
-    if not module.check_mode:
+    if module.check_mode:
+        return None
+    with guarded(path):
+        lock = read_lock(path)
+        if lock is None or lock.get("token") != token:  # taken over as stale meanwhile
+            return lock
         os.remove(path)
     return None

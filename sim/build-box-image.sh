@@ -27,7 +27,7 @@ case "$kind" in
     sim/build-box-image.sh installed
     # Everything a deploy reads, and the drafter it ships (inventory/local's eagle3_drafter_source); the
     # controller key is the installed image's, which its Id stands for.
-    inputs=(deploy.yml monitoring.yml ansible.cfg roles library module_utils action_plugins filter_plugins
+    inputs=(deploy.yml playbooks ansible.cfg roles library module_utils action_plugins filter_plugins
       inventory/local build/sim-models/eagle3-known-3.4)
     key=/dev/null
     prepare=false

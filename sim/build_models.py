@@ -423,7 +423,7 @@ ACCEPT_PATTERNS = {
     "eagle3-known-3.0": [3, 3, 1, 2, 0, 3, 2, 1, 3, 1],
 }
 PATTERN_K = 3
-# The gate's built-in workload (roles/gate defaults, library/vllm_spec_smoke.py): 8 chat prompts,
+# The gate's built-in workload (roles/gate defaults, library/speculation_gate.py): 8 chat prompts,
 # max_tokens 64, temperature 0, k=3. The chat template ends every prompt with "<|im_start|>assistant\n",
 # and a token-map target ignores all but the last prompt token, so all of them start the same walk.
 GATE_MAX_TOKENS = 64
@@ -505,7 +505,7 @@ def greedy_walk(
 
 
 def theory(walks: list[dict], k: int) -> dict:
-    """The gate's figures over requests, as vLLM's counters sum them (vllm-eagle3.md, Metrics)."""
+    """The gate's figures over requests, as vLLM's counters sum them (docs/vllm-eagle3.md, Metrics)."""
     drafts = sum(len(walk["accepted_per_step"]) for walk in walks)
     per_position = [sum(walk["accepted_per_position"][i] for walk in walks) for i in range(k)]
     accepted = sum(per_position)

@@ -39,13 +39,23 @@ from vllm_wheels import CACHE
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SECOND_BOX = "zz-second-box"
-REACH_CHECK = "roles/rollout/tasks/main.yml"
+REACH_CHECK = "roles/rollout/tasks/reach.yml"
 # Actions that run on the controller alone (controller_file: action_plugins/).
 CONTROLLER_ACTIONS = {
     "controller_file",
+    "role_arguments",
     *(
         f"ansible.builtin.{name}"
-        for name in ("set_fact", "validate_argument_spec", "debug", "fail", "assert", "meta", "include_tasks")
+        for name in (
+            "set_fact",
+            "validate_argument_spec",
+            "debug",
+            "fail",
+            "assert",
+            "meta",
+            "include_tasks",
+            "include_role",
+        )
     ),
 }
 
@@ -158,7 +168,7 @@ class Run:
 
     def touched(self, host: str) -> bool:
         """Whether anything ran on the box: a task that ran with an action that reaches it (roles/rollout's
-        budget check and summary, and monitoring.yml's floors, only set facts on the controller; a reach
+        budget check and summary, and roles/served, only set facts on the controller; a reach
         check that failed ran nothing)."""
         return any(
             r.action not in CONTROLLER_ACTIONS and not (r.file == REACH_CHECK and r.status != "ok")

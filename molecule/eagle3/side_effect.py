@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 from driver import ROOT, SECOND_BOX
-from last_good_checks import UNIT, assert_restored
 from sim_box_client import GROUP_VARS
+from transaction_checks import UNIT, assert_restored
 from vllm_wheels import CACHE
 
 MODELS = ROOT / "build/sim-models"
@@ -95,7 +95,7 @@ def side_effect(scenario):
         new.one(host=host, file=f"molecule/eagle3/hooks/{hook}.yml") for hook in ("drain", "undrain")
     )
     restart = next(result for result in new.ran(host=host, **RESTART) if result.changed)
-    record = new.one(host=host, role="last_good", file="last_good/tasks/main.yml", action="last_good")
+    record = new.one(host=host, role="transaction", file="transaction/tasks/commit.yml", action="last_good")
     order = [new.results.index(result) for result in (drain, restart, record, undrain)]
     assert order == sorted(order), str(new)
     assert [line.split()[0] for line in box.out("cat /var/tmp/load-balancer.log").splitlines()] == [
@@ -164,18 +164,28 @@ def side_effect(scenario):
 
 
 def check_mode_says_what_a_failure_restores(scenario):
-    """--check names the last known good a failure would go back to; last_good_restore=false says,
-    loudly, that nothing would be."""
+    """--check names the last known good a failure would go back to; transaction_restore=false says,
+    loudly, that nothing would be, and so does its old name last_good_restore, with a deprecation line."""
     host, box = scenario.host, scenario.box
     good = box.out(f"readlink {DRAFTERS}/current").strip()
-    begin = {"host": host, "role": "last_good", "file": "last_good/tasks/begin.yml", "action": "debug"}
-    checked = scenario.play("deploy.yml", "--check", "--tags", "last_good")
+    begin = {"host": host, "role": "transaction", "file": "transaction/tasks/begin.yml", "action": "debug"}
+    checked = scenario.play("deploy.yml", "--check", "--tags", "transaction")
     assert checked.ok and checked.changed(host) == 0, str(checked)
     line = checked.one(**begin).msg
     assert line.startswith(f"{host}: a failed change would restore the last known good of 20"), line
     assert line.endswith(f"(drafter {good.rsplit('/', 1)[-1]}, vLLM 0.32.0)"), line
-    kept = scenario.play("deploy.yml", "--check", "--tags", "last_good", "-e", "last_good_restore=false")
+    kept = scenario.play("deploy.yml", "--check", "--tags", "transaction", "-e", "transaction_restore=false")
     assert "a failed change is LEFT AS IT FAILS" in kept.one(**begin).msg, str(kept)
+    # The old names still work, each saying so: a variable and a tag (smoke is the gate's).
+    old = scenario.play(
+        "deploy.yml", "--check", "--tags", "transaction,smoke", "-e", "last_good_restore=false"
+    )
+    assert "a failed change is LEFT AS IT FAILS" in old.one(**begin).msg, str(old)
+    said = sorted(r.msg for r in old.ran(host=host, role="validate_inventory", action="debug"))
+    assert said == [
+        "deprecated until the next release: --tags smoke is now gate",
+        "deprecated until the next release: last_good_restore is now transaction_restore",
+    ], said
 
 
 def failed_changes_are_undone(scenario):
@@ -349,8 +359,8 @@ def target_weights_are_shipped(scenario):
     for path in sorted(source.iterdir()):
         on_box = box.out(f"sha256sum {SHIPPED}/{path.name}").split()[0]
         assert on_box == hashlib.sha256(path.read_bytes()).hexdigest(), path.name
-    smoke = shipped.one(host=host, role="gate", file="gate/tasks/main.yml", action="vllm_spec_smoke")
-    assert smoke.facts["vllm_spec_smoke"]["passed"], smoke.result
+    smoke = shipped.one(host=host, role="gate", file="gate/tasks/main.yml", action="speculation_gate")
+    assert smoke.facts["speculation_gate"]["passed"], smoke.result
 
     again = scenario.play("deploy.yml", *ship, "-e", "model_weights_release=w1")
     assert again.ok and again.changed(host) == 0, str(again)

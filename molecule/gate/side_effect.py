@@ -13,13 +13,13 @@ import time
 import browser
 from dashboard_queries import panel_queries
 from driver import ROOT, podman
-from last_good_checks import assert_restored
 from prometheus_box import PrometheusBox
 from sim_box_client import theory
 from tokenizers import Tokenizer
+from transaction_checks import assert_restored
 
 MODELS = ROOT / "build/sim-models"
-SMOKE = "vllm_spec_smoke"
+SMOKE = "speculation_gate"
 # vLLM logs "SpecDecoding metrics: ... Accepted: N tokens, Drafted: M tokens" every 10 s for the
 # traffic of that interval: after a quiet interval, the lines that follow cover exactly the load's
 # window, an account independent of /metrics.
@@ -40,7 +40,7 @@ def load_matches_vllms_own_log(scenario):
     cursor = cursor.removeprefix("-- cursor: ")
     load = scenario.play("molecule/gate/load.yml")
     assert load.ok, str(load)
-    smoke = load.one(host=host, action=SMOKE).facts["vllm_spec_smoke"]
+    smoke = load.one(host=host, action=SMOKE).facts["speculation_gate"]
     assert smoke["requests"] == 16 and smoke["errors"] == 0, smoke
     # Batched 8 at a time, every request still walks exactly as the theory says (greedy is exact).
     expected = theory("eagle3-known-3.4")["expected"]
@@ -84,7 +84,9 @@ def gate_on_the_operators_traffic(scenario):
     path, expected = operators_traffic(scenario)
     run = scenario.play("deploy.yml", "--tags", "gate", "-e", f"gate_workload_file={path}")
     assert run.ok, str(run)
-    smoke = run.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE).facts["vllm_spec_smoke"]
+    smoke = run.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE).facts[
+        "speculation_gate"
+    ]
     assert smoke["requests"] == 8 and smoke["rounds"] == 1, smoke
     # Each request of the file, measured on its own, gives its known acceptance.
     assert [1 + accepted / drafts for drafts, accepted in smoke["per_request"]] == expected, smoke
@@ -115,14 +117,14 @@ def monitoring_installs(scenario, prometheus):
     host = scenario.host
     address = podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", scenario.box.container).stdout.strip()
     inventory = prometheus.inventory(scenario.workdir / "prometheus.json", MONITORING, {host: address})
-    install = scenario.play("monitoring.yml", inventory=inventory)
+    install = scenario.play("playbooks/monitoring.yml", inventory=inventory)
     assert install.ok, str(install)
     written = install.changed_results(host=prometheus.container, role="monitoring", action="template")
     assert len(written) == 2, str(install)  # the rules and the targets
     assert install.ran(host=prometheus.container, handler=True, action="systemd_service"), str(install)
-    again = scenario.play("monitoring.yml", inventory=inventory)
+    again = scenario.play("playbooks/monitoring.yml", inventory=inventory)
     assert again.ok and again.changed() == 0, str(again)
-    check = scenario.play("monitoring.yml", "--check", inventory=inventory)
+    check = scenario.play("playbooks/monitoring.yml", "--check", inventory=inventory)
     assert check.ok and check.changed() == 0, str(check)
     up = f'up{{job="specfleet-vllm", host="{host}", instance="{address}:8000"}} == 1'
     prometheus.wait(lambda: prometheus.query(up), f"{host} scraped", 60)
@@ -217,12 +219,12 @@ def low_drafter_rolled_back(scenario):
         failure,
     ), failure
     low = random.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
-    assert low.facts["vllm_spec_smoke"]["rounds"] == 1, str(random)  # clearly below: no second round
-    # The record puts `current` back (the gate's own rollback is for boxes without one).
+    assert low.facts["speculation_gate"]["rounds"] == 1, str(random)  # clearly below: no second round
+    # The record puts `current` back (the fallback is for boxes without one).
     line = assert_restored(random, scenario.box, host, [f"drafter link -> {good}"])
     assert line.startswith(f"gate failed on {host}: "), line
     assert f"(this run had changed: drafter link -> {good})" in line, line
-    assert not random.ran(host=host, role="gate", file="gate/tasks/rollback.yml"), str(random)
+    assert not random.ran(host=host, role="transaction", file="transaction/tasks/fallback.yml"), str(random)
     assert scenario.box.out("readlink /srv/drafters/current").strip() == good
 
 
@@ -242,7 +244,7 @@ def regressing_drafter_rolled_back(scenario):
         line,
     ), line
     smoke = regressing.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
-    assert smoke.facts["vllm_spec_smoke"]["verdicts"]["min_mean_acceptance_length"] == "above", str(
+    assert smoke.facts["speculation_gate"]["verdicts"]["min_mean_acceptance_length"] == "above", str(
         regressing
     )
 
@@ -343,9 +345,11 @@ def plain_deploy_passes_again(scenario):
         restore
     )
     assert not scenario.box.exists("/etc/systemd/system/vllm.service.d/50-spec-watch.conf")
-    assert restore.changed_results(host=host, role="last_good"), str(restore)
+    assert restore.changed_results(host=host, role="transaction", file="transaction/tasks/commit.yml"), str(
+        restore
+    )
     smoke = restore.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
-    metrics = smoke.facts["vllm_spec_smoke"]
+    metrics = smoke.facts["speculation_gate"]
     expected = theory("eagle3-known-3.4")["expected"]
     assert metrics["num_accepted_tokens_per_pos"] == expected["num_accepted_tokens_per_pos"], metrics
     assert metrics["mean_acceptance_length"] == expected["mean_acceptance_length"], metrics
@@ -356,12 +360,12 @@ def fleet_report_from_the_box(scenario):
     which a real headless browser renders with the box's row and the plots."""
     host = scenario.host
     reports = scenario.workdir / "fleet-report"
-    run = scenario.play("report.yml", "-e", f"gate_report_dir={reports}")
+    run = scenario.play("playbooks/report.yml", "-e", f"gate_report_dir={reports}")
     assert run.ok, str(run)
     written = run.one(host="localhost", action="fleet_report").result
     [box] = written["boxes"]
     assert (box["host"], box["status"]) == (host, "ok"), written
-    assert run.ran(host=host, role="last_good", action="last_good"), str(run)
+    assert run.ran(host=host, role="transaction", action="last_good"), str(run)
     document = browser.dom(reports / "fleet.html")
     assert f'<tr class="box ok" data-host="{host}">' in document, document[:2000]
     # The gate's figures the box recorded at the plain deploy: its known acceptance.

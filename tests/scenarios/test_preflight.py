@@ -1,7 +1,9 @@
-"""Bad input stops a box in preflight with one clear line, before anything changes.
+"""Bad input stops a box with one clear line, before anything changes.
 
 Runs deploy.yml against a real, prepared simulated box (a podman container with systemd) and
-checks, for each kind of bad input, the one-line reason and that the box was left untouched.
+checks, for each kind of bad input, the one-line reason and that the box was left untouched: the
+inventory's values on the controller (roles/validate_inventory), before the box is even contacted,
+and what needs the box in preflight.
 """
 
 import datetime
@@ -16,6 +18,18 @@ IMAGE = "localhost/specfleet-simbox:bookworm"
 SPECULATORS_DRAFTER = ROOT / "tests/fixtures/drafters/nm-testing-llama3.1-8b-speculators"
 # The target's weights on the controller, as roles/model_weights ships them.
 WEIGHTS = ("-e", f"model_weights_source={ROOT / 'build/sim-models/tokenmap'}")
+# Bad values refused by roles/validate_inventory, before any SSH connection to the box.
+ON_THE_CONTROLLER = {
+    "wrong-type",
+    "port-range",
+    "k-above-trained",
+    "schedule-needs-0.24",
+    "tuner-concurrency",
+    "weights-source",
+    "weights-keep",
+    "impossible-rate-floor",
+    "impossible-length-floor",
+}
 # The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
 pytestmark = pytest.mark.xdist_group("preflight")
 
@@ -47,10 +61,12 @@ def assert_stopped_untouched(run, box, reason):
     assert not run.ok, str(run)
     failures = run.failures(HOST)
     assert any(reason in message for message in failures), failures
-    # Only the checks ran: every failure is in preflight or the PCI bus read before it (and the run's
-    # summary repeats it).
+    # Only the checks ran: every failure is in the inventory's validation, preflight or the PCI bus read
+    # before it (and the run's summary repeats it).
     failed = run.select(host=HOST, status="failed")
-    assert all(r.role in ("gpu_topology", "preflight", "rollout") for r in failed), str(run)
+    assert all(r.role in ("validate_inventory", "gpu_topology", "preflight", "rollout") for r in failed), str(
+        run
+    )
     assert run.changed(HOST) == 0, str(run)
     # Nothing of the deployment exists: no service user, no venv, no unit.
     assert box.sh("id vllm", check=False).returncode != 0
@@ -116,6 +132,14 @@ def assert_stopped_untouched(run, box, reason):
             "model_weights_source=/srv/no-such-checkpoint: no config.json there on the controller",
         ),
         ([*WEIGHTS, "-e", "model_weights_keep=1"], "model_weights_keep=1: keep at least 2 releases"),
+        (
+            ["-e", "gate_min_acceptance_rate=1.5"],
+            "gate_min_acceptance_rate=1.5 is not a rate: a floor from 0",
+        ),
+        (
+            ["-e", "gate_min_mean_acceptance_length=4.5"],
+            "gate_min_mean_acceptance_length=4.5 cannot be met: at k=3 a mean acceptance length lies from 1",
+        ),
         # The sim's target lies at the served path as a directory (sim/roles/sim_box).
         (
             list(WEIGHTS),
@@ -150,12 +174,19 @@ def assert_stopped_untouched(run, box, reason):
         "tuner-concurrency",
         "weights-source",
         "weights-keep",
+        "impossible-rate-floor",
+        "impossible-length-floor",
         "weights-served-directory",
         "weights-tp-heads",
     ],
 )
-def test_bad_input_stops_in_preflight(box, deploy, extra_vars, reason):
-    assert_stopped_untouched(deploy(*extra_vars), box, reason)
+def test_bad_input_stops_in_preflight(box, deploy, extra_vars, reason, request):
+    run = deploy(*extra_vars)
+    assert_stopped_untouched(run, box, reason)
+    # The inventory's own values are refused on the controller, before the box is contacted at all.
+    if request.node.callspec.id in ON_THE_CONTROLLER:
+        assert run.select(host=HOST, role="validate_inventory", status="failed"), str(run)
+        assert not run.touched(HOST), str(run)
 
 
 def test_taken_port_stops_in_preflight(box, deploy):
@@ -223,8 +254,8 @@ def test_a_box_another_deploy_holds_is_left_alone(box, deploy):
 def test_a_failed_change_on_a_box_without_a_last_known_good(box, deploy, restore):
     """A failure inside the changes (the driver is not the inventory's) on a box no deploy has passed
     yet: nothing to go back to, so the server is left stopped and the line says so; with
-    last_good_restore=false the line says the failed state is kept. Either way the lock is released."""
-    result = deploy("-e", "nvidia_cuda_driver_version=575.64.03", "-e", f"last_good_restore={restore}")
+    transaction_restore=false the line says the failed state is kept. Either way the lock is released."""
+    result = deploy("-e", "nvidia_cuda_driver_version=575.64.03", "-e", f"transaction_restore={restore}")
     assert not result.ok, str(result)
     assert result.ran(host=HOST, role="nvidia_cuda", status="failed"), str(result)
     line = result.failures(HOST)[-1]
@@ -233,11 +264,11 @@ def test_a_failed_change_on_a_box_without_a_last_known_good(box, deploy, restore
             "; no last known good on this box yet (no deploy has passed here): vllm is left stopped"
         )
     else:
-        assert "; last_good_restore is false: the FAILED STATE IS KEPT for debugging" in line, line
+        assert "; transaction_restore is false: the FAILED STATE IS KEPT for debugging" in line, line
     assert "\n" not in line, line
-    assert result.ran(host=HOST, role="last_good", file="last_good/tasks/end.yml", action="deploy_lock"), str(
-        result
-    )
+    assert result.ran(
+        host=HOST, role="transaction", file="transaction/tasks/end.yml", action="deploy_lock"
+    ), str(result)
     assert not box.exists("/var/lib/specfleet/deploy.lock")
     assert result.changed(HOST) == 0, str(result)
 

@@ -3,9 +3,12 @@
 import datetime
 import json
 import os
+import threading
+import time
 
 import deploy_lock
 import pytest
+from ansible.module_utils import box_lock
 
 
 @pytest.fixture
@@ -71,3 +74,50 @@ def test_check_mode_writes_nothing_but_still_refuses(lock, run_module):
     hold(run_module, lock, "run-1")
     refused = hold(run_module, lock, "run-2", _ansible_check_mode=True)
     assert refused["failed"] is True
+
+
+def test_two_runs_racing_for_a_stale_lock_take_it_once(lock, monkeypatch):
+    """Both find the same stale lock; judging its age takes a moment (widened here, as on a loaded box):
+    exactly one run takes it over, the other is refused, and the lock on disk is the winner's."""
+    lock.parent.mkdir(parents=True)
+    since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=7)).isoformat()
+    lock.write_text(json.dumps({"holder": "carol@gone", "token": "killed-run", "since": since}))
+    judged = box_lock.age_s
+
+    def slow_age(*args):
+        time.sleep(0.2)
+        return judged(*args)
+
+    monkeypatch.setattr(box_lock, "age_s", slow_age)
+    outcomes = {}
+
+    def take(token):
+        try:
+            box_lock.hold(Module(), str(lock), f"{token}@ops", token, 21600)
+            outcomes[token] = "held"
+        except Refused as refused:
+            outcomes[token] = str(refused)
+
+    runs = [threading.Thread(target=take, args=(token,)) for token in ("run-a", "run-b")]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    held = [token for token, outcome in outcomes.items() if outcome == "held"]
+    assert len(held) == 1, outcomes
+    assert json.loads(lock.read_text())["token"] == held[0]
+    [refused] = [outcome for outcome in outcomes.values() if outcome != "held"]
+    assert refused.startswith(f"another deploy holds this box: {held[0]}@ops since "), refused
+
+
+class Refused(Exception):
+    pass
+
+
+class Module:
+    """What box_lock needs of AnsibleModule: fail_json (here an exception) and check_mode."""
+
+    check_mode = False
+
+    def fail_json(self, msg, **_):
+        raise Refused(msg)

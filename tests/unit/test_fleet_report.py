@@ -1,4 +1,4 @@
-"""The fleet report (library/fleet_report.py) from records as roles/last_good writes them and /metrics
+"""The fleet report (library/fleet_report.py) from records as roles/transaction writes them and /metrics
 captured from a real vLLM (tests/fixtures/metrics), opened in a real headless browser (Debian's chromium):
 every box a row, the ones that need a look standing out, the plots drawn."""
 

@@ -199,7 +199,7 @@ def test_reference_forward_gives_the_theory(models, tokenizer, torch_python, nam
 def test_reference_forward_reproduces_the_measured_extremes(
     models, tokenizer, torch_python, drafter, accepted
 ):
-    """Cross-check of the reference itself against what the real engine measured (sim-box.md): with the
+    """Cross-check of the reference itself against what the real engine measured (docs/sim.md): with the
     random tiny-llama target, eagle3-accept is accepted 100 % and eagle3-random 0 %."""
     prompt = chat_prompt_ids(models, tokenizer, chat_load.DEFAULT_PROMPTS[0])
     (run,) = reference(torch_python, models / "tiny-llama", models / drafter, [prompt], 16)

@@ -49,7 +49,7 @@ def inventory(path: Path, extra_groups=None) -> Path:
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("monitoring")
     run = run_playbook(
-        "monitoring.yml",
+        "playbooks/monitoring.yml",
         inventory=inventory(tmp / "inventory.json"),
         extra_vars={"monitoring_export_dir": str(tmp / "out")},
     )
@@ -283,7 +283,7 @@ def test_the_export_holds_what_prometheus_needs(exported):
 
 def test_a_target_outside_the_inventory_stops_with_one_line(tmp_path):
     run = run_playbook(
-        "monitoring.yml",
+        "playbooks/monitoring.yml",
         inventory=inventory(tmp_path / "inventory.json"),
         extra_vars={
             "monitoring_export_dir": str(tmp_path / "out"),
@@ -350,7 +350,7 @@ def prometheus_host(tmp_path):
 )
 def test_a_prometheus_that_cannot_load_the_rules_stops_with_one_line(prometheus_host, change, line):
     path, settings, etc = prometheus_host
-    run = run_playbook("monitoring.yml", inventory=path, extra_vars={**settings, **change})
+    run = run_playbook("playbooks/monitoring.yml", inventory=path, extra_vars={**settings, **change})
     assert not run.ok
     [failure] = run.failures("prom-01")
     assert line in failure and "\n" not in failure, failure

@@ -1,0 +1,58 @@
+#!/usr/bin/python
+"""Documentation of the role_arguments action (action_plugins/role_arguments.py): it runs no module."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: role_arguments
+short_description: Check the inventory's values against the argument specs of every role the play runs
+description:
+  - Reads the C(main) entry point of C(meta/argument_specs.yml) of each role the play imports, as Ansible
+    itself loaded the role (its roles path, not a path relative to another role), and checks the play's
+    values of those options in one call (types, choices, required values); one line names every value
+    that fails.
+  - Runs in the controller's own worker and contacts no box, so that roles/validate_inventory checks a
+    whole inventory before the first SSH connection. A value whose default derives from what is read on
+    the box (the GPUs on its PCI bus) cannot be known yet; it is returned in C(deferred) and left to the
+    role that reads it, which checks its own entry point's options as it starts.
+options:
+  skip:
+    description: Roles of the play whose arguments are not checked (the simulation's own, for example).
+    type: list
+    elements: str
+    default: []
+extends_documentation_fragment:
+  - action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+author:
+  - specfleet maintainers
+"""
+
+EXAMPLES = r"""
+- name: Check the arguments of every role of the play
+  role_arguments:
+"""
+
+RETURN = r"""
+roles:
+  description: The roles whose arguments were checked.
+  returned: always
+  type: list
+  elements: str
+deferred:
+  description: Options whose value derives from what is read on the box, left to the role that reads it.
+  returned: always
+  type: list
+  elements: str
+argument_errors:
+  description: One line per value that fails its role's argument spec.
+  returned: when a value fails
+  type: list
+  elements: str
+"""

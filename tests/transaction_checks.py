@@ -1,0 +1,29 @@
+"""What every failed change must end with (roles/transaction's rollback), read from a run's results."""
+
+from driver import SECOND_BOX, Run
+
+ROLLBACK = {"role": "transaction", "file": "transaction/tasks/rollback.yml"}
+RESTART = {"role": "transaction", "file": "transaction/tasks/restart.yml"}
+UNIT = "/etc/systemd/system/vllm.service"
+RECORD = "/var/lib/specfleet/last_good"
+
+
+def assert_restored(run: Run, box, host: str, changed: list[str]) -> str:
+    """The run failed on `host`, put back exactly `changed` from the last known good, restarted on it
+    and saw a real completion after that restart; the unit on disk is the recorded one; the host failed
+    with one line saying so, and the second box was never reached. Returns that line."""
+    assert not run.ok, str(run)
+    restore = run.one(host=host, action="last_good", **ROLLBACK)
+    assert restore.changed and restore.result["restored"] == changed, str(run)
+    [restart] = run.changed_results(host=host, action="systemd_service", **RESTART)
+    # The readiness check answers ok only once the server also answered a real completion.
+    ready = {"role": "vllm_service", "file": "vllm_service/tasks/ready.yml", "action": "script"}
+    completions = run.ran(host=host, status="ok", **ready)
+    assert completions, str(run)
+    order = [run.results.index(result) for result in (restore, restart, completions[-1])]
+    assert order == sorted(order), f"no completion after the restore's restart\n{run}"
+    box.sh(f"cmp {UNIT} {RECORD}/files/unit")
+    line = run.failures(host)[-1]
+    assert "\n" not in line and line.endswith(", which serves and answered a completion"), line
+    assert not run.touched(SECOND_BOX), str(run)
+    return line
