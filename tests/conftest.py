@@ -92,4 +92,4 @@ def torch_python():
     try:
         return vllm_wheels.torch_python()
     except vllm_wheels.Unavailable as exc:
-        pytest.skip(str(exc))
+        vllm_wheels.missing(str(exc))

@@ -365,6 +365,8 @@ def fleet_report_from_the_box(scenario):
     written = run.one(host="localhost", action="fleet_report").result
     [box] = written["boxes"]
     assert (box["host"], box["status"]) == (host, "ok"), written
+    said = run.one(host="localhost", role="fleet_report", action="debug").msg
+    assert said == f"{reports}/fleet.html (1 box; none standing out)", said
     assert run.ran(host=host, role="transaction", action="last_good"), str(run)
     document = browser.dom(reports / "fleet.html")
     assert f'<tr class="box ok" data-host="{host}">' in document, document[:2000]

@@ -9,6 +9,7 @@ Then the bad inputs: one line each, nothing written.
 """
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,10 @@ from ansible.module_utils import spec_stats
 from driver import BIN, ROOT, run_playbook
 
 PROMTOOL = shutil.which("promtool", path=str(BIN)) or shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool: scripts/bootstrap.sh installs it")
+# In CI (CI=true) a missing promtool fails these tests instead of skipping them.
+pytestmark = pytest.mark.skipif(
+    PROMTOOL is None and os.environ.get("CI") != "true", reason="promtool: scripts/bootstrap.sh installs it"
+)
 
 DRAFTER = {"eagle3_drafter_source": "/srv/drafters/incoming"}
 BOXES = {

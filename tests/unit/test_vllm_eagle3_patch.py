@@ -35,7 +35,7 @@ def release_tar(version):
     try:
         return vllm_wheels.source_tar(version)
     except vllm_wheels.Unavailable as exc:
-        pytest.skip(f"the real vLLM {version} wheel cannot be had here: {exc}")
+        vllm_wheels.missing(f"the real vLLM {version} wheel cannot be had here: {exc}")
 
 
 @pytest.fixture(params=vllm_wheels.SUPPORTED)
@@ -89,7 +89,7 @@ def test_each_supported_line_has_one_patch_and_its_header_names_the_real_upstrea
 def test_the_diffs_are_plain_unified_diffs_gnu_patch_applies(tmp_path, release):
     version, vllm_dir = release
     if not shutil.which("patch"):
-        pytest.skip("GNU patch is not installed")
+        vllm_wheels.missing("GNU patch is not installed")
     diff = PATCH_FILES[[p.name for p in PATCH_FILES].index(f"vllm-{version.rsplit('.', 1)[0]}.diff")]
     done = subprocess.run(
         ["patch", "-p1", "--dry-run", "--force", "-i", str(diff)],

