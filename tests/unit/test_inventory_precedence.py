@@ -1,4 +1,4 @@
-"""An inventory's group_vars/all.yml wins for every knob: all that the README documents, and every
+"""An inventory's group_vars/all.yml wins for every knob: all that the README and docs/ document, and every
 other default the roles give (an inventory must be able to override everything).
 
 Ansible ranks playbook-level group_vars/all (beside deploy.yml) above an inventory's
@@ -29,8 +29,9 @@ def settable_names():
 
 
 def documented_knobs():
-    """The settable names the README names."""
-    words = set(re.findall(r"[a-z][a-z0-9_]+", (ROOT / "README.md").read_text()))
+    """The settable names the README and docs/ name."""
+    text = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))])
+    words = set(re.findall(r"[a-z][a-z0-9_]+", text))
     return sorted(name for name in settable_names() if name in words)
 
 
