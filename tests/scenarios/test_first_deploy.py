@@ -42,7 +42,12 @@ def deploy(box, tmp_path_factory):
     # repeats this box's line.
     second = directory / "second-box.json"
     never = {"ansible_connection": "containers.podman.podman", "ansible_host": f"{BOX}-never-created"}
-    second.write_text(json.dumps({"all": {"children": {"gpu_boxes": {"hosts": {SECOND_BOX: never}}}}}))
+    # In sim_boxes, after this box: the rollout's order is the inventory's.
+    second.write_text(
+        json.dumps(
+            {"all": {"children": {"gpu_boxes": {"children": {"sim_boxes": {"hosts": {SECOND_BOX: never}}}}}}}
+        )
+    )
 
     def run(*args):
         return run_playbook("deploy.yml", *args, inventory=[ROOT / "inventory/local", connection, second])
