@@ -8,6 +8,7 @@ from ansible.plugins.action import ActionBase
 
 ARGUMENT_SPEC = {
     "skip": {"type": "list", "elements": "str", "default": []},
+    "only": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -25,6 +26,8 @@ class ActionModule(ActionBase):
         for name in sorted(roles):
             if name not in args["skip"]:
                 spec.update(((roles[name]._get_role_argspecs() or {}).get("main") or {}).get("options") or {})
+        if args["only"]:
+            spec = {name: option for name, option in spec.items() if name in args["only"]}
         values, deferred = {}, []
         for name in spec:
             if name not in task_vars:

@@ -13,11 +13,17 @@ description:
     that fails.
   - Runs in the controller's own worker and contacts no box, so that roles/validate_inventory checks a
     whole inventory before the first SSH connection. A value whose default derives from what is read on
-    the box (the GPUs on its PCI bus) cannot be known yet; it is returned in C(deferred) and left to the
-    role that reads it, which checks its own entry point's options as it starts.
+    the box (the GPUs on its PCI bus) cannot be known yet; it is returned in C(deferred), to be checked
+    again with I(only) once that is read.
 options:
   skip:
     description: Roles of the play whose arguments are not checked (the simulation's own, for example).
+    type: list
+    elements: str
+    default: []
+  only:
+    description: Check these options only (those deferred by an earlier call, once the box's facts are known);
+      all of them when empty.
     type: list
     elements: str
     default: []
@@ -37,6 +43,12 @@ author:
 EXAMPLES = r"""
 - name: Check the arguments of every role of the play
   role_arguments:
+  register: checked
+
+- name: Check the ones that needed the box's PCI bus, once it is read
+  role_arguments:
+    only: "{{ checked.deferred }}"
+  when: checked.deferred | length > 0
 """
 
 RETURN = r"""
@@ -46,7 +58,7 @@ roles:
   type: list
   elements: str
 deferred:
-  description: Options whose value derives from what is read on the box, left to the role that reads it.
+  description: Options whose value derives from what is read on the box, not checked in this call.
   returned: always
   type: list
   elements: str
