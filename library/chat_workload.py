@@ -17,6 +17,8 @@ description:
   - With O(max_model_len) (the server's context), a request whose C(max_tokens), or O(max_tokens) where it
     has none, leaves no room for a prompt (C(max_tokens) >= O(max_model_len)) is refused, as the server
     would refuse it.
+  - "With O(greedy_only), a request that samples (a C(temperature) above 0) is refused: vLLM's CPU build ends
+    its engine on a sampled request when it speculates (docs/sim.md, what the CPU build does not do)."
   - Each problem is one line naming the file and the line number. Changes nothing; C(changed) is always
     C(false). Meant to run on the controller (C(delegate_to) localhost), where the file is.
 options:
@@ -32,6 +34,10 @@ options:
     description: The server's context length in tokens (C(--max-model-len)); 0 skips that check.
     type: int
     default: 0
+  greedy_only:
+    description: Refuse requests at a temperature above 0 (a server on vLLM's CPU build).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -84,7 +90,7 @@ class WorkloadError(Exception):
     """str() is the one-line reason."""
 
 
-def check_request(request, max_tokens, max_model_len):
+def check_request(request, max_tokens, max_model_len, greedy_only=False):
     """One line on what is wrong with a parsed line, or None."""
     if not isinstance(request, dict):
         return f"is a JSON {type(request).__name__}, not an object (a chat request)"
@@ -99,6 +105,11 @@ def check_request(request, max_tokens, max_model_len):
     temperature = request.get("temperature", 0)
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
         return f"has temperature {temperature!r}, not a number of at least 0"
+    if greedy_only and temperature > 0:
+        return (
+            f"samples (temperature {temperature}): vLLM's CPU build ends its engine on a sampled request "
+            "when it speculates; send temperature 0"
+        )
     if max_model_len and tokens >= max_model_len:
         return (
             f"asks for max_tokens {tokens}, but the server's context is {max_model_len} tokens "
@@ -107,7 +118,7 @@ def check_request(request, max_tokens, max_model_len):
     return None
 
 
-def read_workload(text, path, max_tokens=64, max_model_len=0):
+def read_workload(text, path, max_tokens=64, max_model_len=0, greedy_only=False):
     """The requests of a JSONL text; raises WorkloadError naming the first bad line."""
     requests = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -119,7 +130,7 @@ def read_workload(text, path, max_tokens=64, max_model_len=0):
             raise WorkloadError(
                 f"{path} line {number} is not JSON ({exc}): a JSONL file has one request a line"
             ) from None
-        problem = check_request(request, max_tokens, max_model_len)
+        problem = check_request(request, max_tokens, max_model_len, greedy_only)
         if problem:
             raise WorkloadError(f"{path} line {number} {problem}")
         requests.append(request)
@@ -134,6 +145,7 @@ def main():
             path=dict(type="path", required=True),
             max_tokens=dict(type="int", default=64),
             max_model_len=dict(type="int", default=0),
+            greedy_only=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -147,7 +159,13 @@ def main():
     except UnicodeDecodeError as exc:
         module.fail_json(msg=f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a JSONL file")
     try:
-        requests = read_workload(text, path, module.params["max_tokens"], module.params["max_model_len"])
+        requests = read_workload(
+            text,
+            path,
+            module.params["max_tokens"],
+            module.params["max_model_len"],
+            module.params["greedy_only"],
+        )
     except WorkloadError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, requests=requests, count=len(requests), sha256=module.sha256(path))

@@ -15,8 +15,9 @@ description:
     or the new one, never none. With I(previous), that link is pointed at the release I(link) left
     (where a rollback goes back to)."
   - "Only where I(link) moves, the releases beyond the I(keep) newest are removed, never the one
-    I(link) points at nor the one it left. A run where I(link) already points at the release changes
-    nothing and costs one call: it reads the link and nothing else."
+    I(link) points at, the one it left, nor one that I(protect) names (the box's last known good, which a
+    restore puts back even when a failed state was kept). A run where I(link) already points at the
+    release changes nothing and costs one call: it reads the link and nothing else."
   - "In check mode nothing is written; a release that check mode did not stage is reported as one that
     would be published."
 options:
@@ -41,6 +42,11 @@ options:
     description: Releases kept when I(link) moves, newest first by modification time.
     type: int
     default: 3
+  protect:
+    description: Releases never pruned, as paths (a link is resolved); paths outside I(releases) are ignored.
+    type: list
+    elements: path
+    default: []
   record:
     description: Written as C(.release.json) (mode 0644) into a release that is published in this run.
     type: dict
@@ -66,6 +72,7 @@ EXAMPLES = r"""
     link: /srv/drafters/current
     previous: /srv/drafters/previous
     keep: 3
+    protect: [/srv/drafters/releases/0b7c41d2e9aa]
     record:
       id: 3f2a9c1b7d04
       source: /data/drafters/kimi-k25-eagle3
@@ -147,6 +154,7 @@ def main():
             "link": {"type": "path", "required": True},
             "previous": {"type": "path", "default": ""},
             "keep": {"type": "int", "default": 3},
+            "protect": {"type": "list", "elements": "path", "default": []},
             "record": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
@@ -174,7 +182,7 @@ def main():
                 msg=f"release {params['release']} is neither published nor staged in {params['releases']}"
             )
         result["published"] = True
-    kept = {release, replaced}
+    kept = {release, replaced, *(os.path.realpath(path) for path in params["protect"])}
     newest_first = [path for _, path in sorted(published_releases(releases), reverse=True)]
     if result["published"]:
         newest_first.insert(0, release)

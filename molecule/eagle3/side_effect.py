@@ -281,11 +281,25 @@ def a_broken_vllm_upgrade_is_undone(scenario):
 
 
 def an_exited_server_is_started_again(scenario):
-    """When its engine dies, vLLM's API server shuts down cleanly (status 0, or SIGTERM's clean exit):
-    Restart=always starts it again, where on-failure would leave the box down. A shared-memory file another
-    user left (root, as a measurement run as root would) cannot be removed by the service user in the sticky
-    /dev/shm: the cleanup before the start says so, and the start goes on."""
-    box = scenario.box
+    """An environment value that would have written a unit systemd refuses (a newline, and a root
+    ExecStartPre after it) is stopped in one line before the box is contacted, so the unit systemd holds
+    stays the good one: killed after it, the server comes back. When its engine dies, vLLM's API server
+    shuts down cleanly (status 0, or SIGTERM's clean exit): Restart=always starts it again, where on-failure
+    would leave the box down. A shared-memory file another user left (root, as a measurement run as root
+    would) cannot be removed by the service user in the sticky /dev/shm: the cleanup before the start says
+    so, and the start goes on."""
+    host, box = scenario.host, scenario.box
+    injected = {"vllm_service_environment": {"FOO": "a\nExecStartPre=+/bin/touch /tmp/pwned"}}
+    refused = scenario.play("deploy.yml", extra_vars=injected)
+    assert not refused.ok and not refused.touched(host), str(refused)
+    assert any("FOO=" in line and "holds a control character" in line for line in refused.failures(host)), (
+        str(refused)
+    )
+    assert box.out("systemctl show vllm --property=LoadState,NeedDaemonReload").split() == [
+        "LoadState=loaded",
+        "NeedDaemonReload=no",
+    ]
+    assert not box.exists("/tmp/pwned")
     box.sh("touch /dev/shm/nccl-left-by-root && chmod 600 /dev/shm/nccl-left-by-root")
     box.sh("kill -TERM $(systemctl show vllm --property=MainPID --value)")
     deadline = time.monotonic() + 300

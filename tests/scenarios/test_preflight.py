@@ -22,6 +22,7 @@ WEIGHTS = ("-e", f"model_weights_source={ROOT / 'build/sim-models/tokenmap'}")
 ON_THE_CONTROLLER = {
     "wrong-type",
     "port-range",
+    "environment-newline",
     "k-above-trained",
     "schedule-needs-0.24",
     "tuner-concurrency",
@@ -105,7 +106,18 @@ def assert_stopped_untouched(run, box, reason):
             "vllm_service_tensor_parallel_size=3 does not split the model's 4 attention heads",
         ),
         (["-e", "vllm_service_port=not-a-port"], "argument 'vllm_service_port' is of type str"),
+        # Derived from the box's PCI bus: checked once the bus is read (validate_inventory, deferred).
+        (
+            ["-e", '{"preflight_gpu_count": "{{ gpu_bus.gpu_count }} GPUs"}'],
+            "argument 'preflight_gpu_count' is of type str",
+        ),
         (["-e", "vllm_service_port=99999"], "vllm_service_port=99999 is not a TCP port (1-65535)"),
+        # Once written into a unit that systemd refused, and that a restore could not undo in its memory.
+        (
+            ["-e", '{"vllm_service_environment": {"FOO": "a\\nExecStartPre=+/bin/touch /tmp/pwned"}}'],
+            "vllm_service_environment: FOO='a\\nExecStartPre=+/bin/touch /tmp/pwned' holds a control "
+            "character",
+        ),
         # The bare box has no vLLM yet: the keys are read from the pinned release's wheel (prompt_lookup_max
         # is one of vLLM 0.32's fields that a hand-kept list once refused).
         (
@@ -167,7 +179,9 @@ def assert_stopped_untouched(run, box, reason):
         "tp-size",
         "tp-heads",
         "wrong-type",
+        "wrong-type-from-bus",
         "port-range",
+        "environment-newline",
         "speculative-key",
         "k-above-trained",
         "schedule-needs-0.24",
@@ -187,6 +201,8 @@ def test_bad_input_stops_in_preflight(box, deploy, extra_vars, reason, request):
     if request.node.callspec.id in ON_THE_CONTROLLER:
         assert run.select(host=HOST, role="validate_inventory", status="failed"), str(run)
         assert not run.touched(HOST), str(run)
+    if request.node.callspec.id == "wrong-type-from-bus":
+        assert run.select(host=HOST, role="validate_inventory", status="failed"), str(run)
 
 
 def test_taken_port_stops_in_preflight(box, deploy):
@@ -213,8 +229,17 @@ GOOD_REQUEST = '{"messages": [{"role": "user", "content": "Why is the sky blue?"
             ],
             "line 2 asks for max_tokens 600, but the server's context is 512 tokens",
         ),
+        # The request that ends the sim's CPU engine when it speculates (docs/sim.md).
+        (
+            [
+                GOOD_REQUEST,
+                '{"messages": [{"role": "user", "content": "Hi"}], '
+                '"temperature": 1.0, "top_p": 0.5, "top_k": 3}',
+            ],
+            "line 2 samples (temperature 1.0): vLLM's CPU build ends its engine on a sampled request",
+        ),
     ],
-    ids=["not-jsonl", "no-messages", "past-the-context"],
+    ids=["not-jsonl", "no-messages", "past-the-context", "sampled-on-the-cpu-build"],
 )
 def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reason):
     """The operator's traffic file for the gate is read on the controller before anything changes."""

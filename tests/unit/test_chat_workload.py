@@ -65,6 +65,15 @@ def test_reads_every_request_in_order_with_the_file_digest(tmp_path, run_module)
             "line 1 asks for max_tokens 512, but the server's context is 512 tokens",
         ),
         ([""], {}, "holds no request (one JSON chat request a line)"),
+        # The request that ended the sim's CPU engine (docs/sim.md).
+        (
+            [
+                json.dumps(REQUESTS[0]),
+                json.dumps({**REQUESTS[1], "temperature": 1.0, "top_p": 0.5, "top_k": 3}),
+            ],
+            {"greedy_only": True},
+            "line 2 samples (temperature 1.0): vLLM's CPU build ends its engine on a sampled request",
+        ),
     ],
 )
 def test_bad_lines_are_refused_with_one_line(tmp_path, run_module, lines, args, problem):
@@ -73,6 +82,12 @@ def test_bad_lines_are_refused_with_one_line(tmp_path, run_module, lines, args, 
     assert result["failed"] is True
     assert result["msg"].startswith(f"{path} {problem}"), result["msg"]
     assert "\n" not in result["msg"]
+
+
+def test_a_sampled_request_is_read_for_a_gpu_server(tmp_path, run_module):
+    path = write(tmp_path, [json.dumps({**REQUESTS[0], "temperature": 0.7})])
+    result = run_module(chat_workload, {"path": str(path)})
+    assert result["requests"][0]["temperature"] == 0.7
 
 
 def test_a_file_that_is_not_text(tmp_path, run_module):

@@ -77,6 +77,22 @@ def test_a_new_release_keeps_the_replaced_one_as_previous_and_prunes_the_oldest(
     assert os.readlink(root / "previous") == str(root / "releases" / "new")
 
 
+def test_the_last_known_good_is_never_pruned(root, run_module):
+    """A failed state kept for debugging (transaction_restore=false) serves a release the record does not
+    name; ships after it must leave the recorded one for the restore (issue: the last good went after one
+    further ship at keep 2)."""
+    stage(root, "good", mtime=1_000_000, published=True)
+    os.symlink(root / "releases" / "good", root / "current")
+    protect = [str(root / "current-recorded")]
+    os.symlink(root / "releases" / "good", protect[0])  # as the record names it: a path to resolve
+    for age, release in enumerate(["failed", "next", "after"], start=1):
+        stage(root, release)
+        result = switch(run_module, root, release, keep=2, protect=protect)
+        os.utime(root / "releases" / release, (1_000_000 + age,) * 2)
+        assert str(root / "releases" / "good") not in result["pruned"]
+    assert sorted(p.name for p in (root / "releases").iterdir()) == ["after", "good", "next"]
+
+
 def test_check_mode_writes_nothing_and_says_what_would_happen(root, run_module):
     stage(root, "aaa", published=True)
     os.symlink(root / "releases" / "aaa", root / "current")

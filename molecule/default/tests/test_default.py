@@ -11,8 +11,10 @@ FIXTURE = ROOT / "tests/fixtures/nvidia-smi/rtx4090-8gpu-pcie"
 
 
 def unit_environment(host):
-    line = host.check_output("systemctl show vllm --property=Environment --value")
-    return dict(item.split("=", 1) for item in line.split())
+    """The environment the server process runs with."""
+    pid = host.check_output("systemctl show vllm --property=MainPID --value")
+    lines = host.check_output("tr '\\0' '\\n' < /proc/%s/environ", pid).splitlines()
+    return dict(line.split("=", 1) for line in lines)
 
 
 def test_unit_nccl_environment_is_the_measured_winner(host):
@@ -34,6 +36,10 @@ def test_unit_nccl_environment_is_the_measured_winner(host):
     env = unit_environment(host)
     nccl = {k: v for k, v in env.items() if k.startswith(("NCCL_", "CUDA_DEVICE_MAX"))}
     assert nccl == kept["choice"]["env"]
+
+
+def test_environment_values_reach_the_server_as_written(host):
+    assert unit_environment(host)["SPECFLEET_QUOTING"] == 'say "hi" \\ 50% $HOME; x'
 
 
 def test_no_measurement_process_is_left_behind(host):
