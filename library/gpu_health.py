@@ -8,12 +8,15 @@ DOCUMENTATION = r"""
 module: gpu_health
 short_description: Report GPU memory errors, pending row remapping, Xid errors, IOMMU translation and ACS
 description:
-  - Reads C(nvidia-smi -q -x) (one XML document for every GPU) and the kernel log since boot (C(dmesg)), and
+  - Reads C(nvidia-smi -q -x) (one XML document for every GPU) and the kernel log (C(dmesg)), and
     for each GPU the IOMMU group type in sysfs; returns the C(gpu_health) fact with one entry per problem.
   - Problems that make a GPU unfit to serve (C(severity=error)) are uncorrectable ECC errors since the driver
     loaded (volatile), a row remapping that waits for a GPU reset (pending), a failed row remapping, a page
-    retirement that waits for a reset, and Xid errors in the kernel log since boot (those NVIDIA's Xid
-    catalogue puts down to an application, 13, 31, 43 and 45, are warnings).
+    retirement that waits for a reset, and Xid errors in the kernel log since the driver last loaded
+    (since boot where its load line has left the log). Classified by NVIDIA's Xid catalogue, the ones whose
+    action is restarting the application that hit them (8, 11, 13, 31, 43, 45, 94, a contained ECC error)
+    and the memory events nvidia-smi reports itself (63, 64, row remapping; 92, corrected single-bit
+    errors) are warnings.
   - IOMMU DMA translation on a GPU (group type C(DMA) or C(DMA-FQ), not C(identity)) is a C(warning),
     since NCCL's peer-to-peer traffic between PCIe GPUs goes through the IOMMU and can hang or crawl. The
     fix is in the message (boot with C(iommu=pt), or turn the IOMMU off).
@@ -87,7 +90,8 @@ ansible_facts:
           type: list
           elements: dict
         xid:
-          description: Xid events in the kernel log since boot, each with C(pci) and C(code) and the C(line).
+          description: Xid events in the kernel log since the driver loaded, each with C(pci), C(code),
+            C(kind) (C(application), C(recorded) or C(hardware), which stops a box), C(meaning), C(line).
           type: list
           elements: dict
         kernel_log:

@@ -8,9 +8,25 @@ import xml.etree.ElementTree as ElementTree
 
 SYSFS_DEVICES = "/sys/bus/pci/devices"
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-# Xids NVIDIA's catalogue puts down to a user application (graphics engine exception, GPU memory page
-# fault, GPU stopped processing, preemptive cleanup): said, not a reason to take the box out.
-APPLICATION_XIDS = {13, 31, 43, 45}
+# NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors), by what an Xid asks of the box. Said, not a
+# reason to take the box out: the ones whose immediate action is restarting the application that hit them
+# (the GPU serves on), and the memory events whose state nvidia-smi reports itself (a row remapping that
+# waits for a reset, one that failed: checked apart, from nvidia-smi -q). Every other Xid stops the box.
+XID_CATALOGUE = {
+    8: ("application", "GPU stopped processing: the application that hit it was ended"),
+    11: ("application", "invalid or corrupted push buffer stream: an application's fault"),
+    13: ("application", "graphics engine exception: an application's fault"),
+    31: ("application", "GPU memory page fault: an application's fault"),
+    43: ("application", "GPU stopped processing: an application's fault"),
+    45: ("application", "preemptive cleanup: an application ended, or was ended"),
+    63: ("recorded", "row remapping or page retirement recorded: a pending remap is read from nvidia-smi"),
+    64: ("recorded", "row remapping or page retirement not recorded: a failed remap is read from nvidia-smi"),
+    92: ("recorded", "high single-bit ECC error rate: corrected errors"),
+    94: ("application", "contained ECC error: the application using that memory was ended"),
+}
+# The driver's load line (NVRM: loading NVIDIA UNIX [Open ]Kernel Module ...): an Xid before the last one
+# belongs to a driver that has been unloaded since (a reset, an upgrade) and no longer says anything.
+DRIVER_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX")
 # ACS controls that send peer-to-peer requests and completions up to the root complex, or block them.
 ACS_REDIRECTS = ("ReqRedir+", "CmpltRedir+", "EgressCtrl+")
 # NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has fallen off the bus.
@@ -77,12 +93,27 @@ def parse_query(xml_text):
 
 
 def parse_xid(kernel_log):
-    return [
-        {"pci": match.group("pci").lower(), "code": int(match.group("code")), "line": line.strip()}
-        for line in kernel_log.splitlines()
-        for match in [XID.search(line)]
-        if match
-    ]
+    """The Xid events since the driver last loaded (since boot where its load line has left the log)."""
+    lines = kernel_log.splitlines()
+    loads = [index for index, line in enumerate(lines) if DRIVER_LOADED.search(line)]
+    xids = []
+    for line in lines[loads[-1] + 1 :] if loads else lines:
+        match = XID.search(line)
+        if match:
+            code = int(match.group("code"))
+            kind, meaning = XID_CATALOGUE.get(
+                code, ("hardware", "not an application's: see NVIDIA's Xid catalogue")
+            )
+            xids.append(
+                {
+                    "pci": match.group("pci").lower(),
+                    "code": code,
+                    "kind": kind,
+                    "meaning": meaning,
+                    "line": line.strip(),
+                }
+            )
+    return xids
 
 
 def iommu_types(addresses, devices=None):
@@ -148,8 +179,13 @@ def problems(gpus, xids, iommu, acs=None, bridges=None):
                 gpu["bus_id"], "page_retirement", "error", f"{where}: a page retirement waits for a GPU reset"
             )
     for xid in xids:
-        severity = "warning" if xid["code"] in APPLICATION_XIDS else "error"
-        add(xid["pci"], "xid", severity, f"Xid {xid['code']} on PCI {xid['pci']} since boot: {xid['line']}")
+        add(
+            xid["pci"],
+            "xid",
+            "error" if xid["kind"] == "hardware" else "warning",
+            f"Xid {xid['code']} on PCI {xid['pci']} since the driver loaded ({xid['meaning']}): "
+            + xid["line"],
+        )
     for address, kind in iommu.items():
         if kind.startswith("DMA"):
             add(

@@ -66,15 +66,49 @@ def test_unfit_gpu(old, new, kind, words):
     )
 
 
-def test_xid_since_boot():
+def test_xid_since_boot_where_the_driver_load_left_the_log():
     xids = health.parse_xid(XID_LOG)
-    assert [(x["pci"], x["code"]) for x in xids] == [("0000:01:00", 32), ("0000:01:00", 32)]
+    assert [(x["pci"], x["code"], x["kind"]) for x in xids] == [("0000:01:00", 32, "hardware")] * 2
     found = health.problems([], xids, {})
-    assert found[0]["message"].startswith("Xid 32 on PCI 0000:01:00 since boot: [ 1399.140323] NVRM: Xid")
+    assert found[0]["message"].startswith(
+        "Xid 32 on PCI 0000:01:00 since the driver loaded (not an application"
+    )
+    assert found[0]["message"].endswith(
+        ": [ 1399.140323] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000009 intr 00800000"
+    )
     assert {p["severity"] for p in found} == {"error"}
-    # An application's page fault (Xid 31) is said, not a reason to stop the box.
-    fault = [{"pci": "0000:01:00", "code": 31, "line": "NVRM: Xid (PCI:0000:01:00): 31"}]
-    assert [p["severity"] for p in health.problems([], fault, {})] == ["warning"]
+
+
+KERNEL_LOGS = H200.parent.parent / "kernel-log"
+
+
+def test_informational_xids_since_the_driver_reloaded_are_warnings():
+    """An Xid 79 before the driver reloaded is gone; an application's (13, 45, a contained ECC error 94)
+    and the memory events nvidia-smi reports itself (63, 92) are said, and stop nothing."""
+    xids = health.parse_xid((KERNEL_LOGS / "xid-informational-after-reload.txt").read_text())
+    assert [(x["code"], x["kind"]) for x in xids] == [
+        (13, "application"),
+        (13, "application"),
+        (45, "application"),
+        (92, "recorded"),
+        (63, "recorded"),
+        (94, "application"),
+    ]
+    found = health.problems([], xids, {})
+    assert {p["severity"] for p in found} == {"warning"}
+    assert "Xid 94 on PCI 0000:65:00 since the driver loaded (contained ECC error: " in found[-1]["message"]
+
+
+def test_an_uncontained_ecc_error_stops_the_box():
+    xids = health.parse_xid((KERNEL_LOGS / "xid-uncontained-after-reload.txt").read_text())
+    errors = [p for p in health.problems([], xids, {}) if p["severity"] == "error"]
+    assert [(p["gpu"], p["message"].split(" (")[0]) for p in errors] == [
+        ("0000:65:00", "Xid 95 on PCI 0000:65:00 since the driver loaded")
+    ]
+
+
+def test_the_healthy_h200_log_has_its_driver_load_and_no_xid():
+    assert health.parse_xid((H200 / "dmesg-nvrm.txt").read_text()) == []
 
 
 def test_iommu_translation_is_a_warning_with_the_fix(tmp_path):
