@@ -112,6 +112,12 @@ options:
     description: Back-to-back all-reduces per round.
     type: int
     default: 10
+  user:
+    description: The user the measurement runs as (its primary and supplementary groups too, and its home
+      as C(HOME)), the inference service's, so that what the workers leave (C(/dev/shm/nccl-*)) is that
+      user's to clean up, as the server's own start does; empty runs it as the module's user.
+    type: str
+    default: ""
   timeout:
     description: Seconds the whole measurement may take before it and its workers are killed.
     type: int
@@ -210,6 +216,7 @@ import datetime
 import hashlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 
@@ -291,11 +298,36 @@ class Box:
                 active.append(unit)
         return active
 
+    def as_user(self):
+        """Popen's arguments for running as the user option's user: its uid, groups and home."""
+        if not self.params["user"]:
+            return {}
+        try:
+            account = pwd.getpwnam(self.params["user"])
+        except KeyError:
+            raise MeasurementError(f"no user {self.params['user']} on this box to measure as") from None
+        return {
+            "user": account.pw_uid,
+            "group": account.pw_gid,
+            "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid),
+            "env": {
+                **os.environ,
+                "HOME": account.pw_dir,
+                "USER": account.pw_name,
+                "LOGNAME": account.pw_name,
+            },
+        }
+
     def script(self, *args, timeout):
         """Run the measurement script in its own session; on timeout kill it and every worker it forked."""
         argv = [self.params["python"], self.params["script"], *args]
         process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            **self.as_user(),
         )
         try:
             out, err = process.communicate(timeout=timeout)
@@ -465,6 +497,7 @@ def main():
             "warmup": {"type": "int", "default": 5},
             "rounds": {"type": "int", "default": 7},
             "per_round": {"type": "int", "default": 10},
+            "user": {"type": "str", "default": ""},
             "timeout": {"type": "int", "default": 900},
         },
         supports_check_mode=True,

@@ -11,10 +11,11 @@ import re
 import time
 
 import browser
+import yaml
 from dashboard_queries import panel_queries
 from driver import ROOT, podman
 from prometheus_box import PrometheusBox
-from sim_box_client import theory
+from sim_box_client import GROUP_VARS, theory
 from tokenizers import Tokenizer
 from transaction_checks import assert_restored
 
@@ -328,6 +329,25 @@ def watcher_turns_speculation_off(scenario):
         'python3 -c "import urllib.request as u; '
         "print(u.urlopen('http://127.0.0.1:8000/metrics').read().decode())\""
     )
+
+    # A deploy that changes the server's start while the fallback stands: the watcher's drop-in follows the
+    # unit (it does not freeze the old command), and the server runs the new arguments, still not drafting.
+    seeded = [*yaml.safe_load(GROUP_VARS.read_text())["vllm_service_extra_args"], "--seed", "7"]
+    changed = scenario.play(
+        "deploy.yml",
+        "-e",
+        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
+        *WATCH,
+        extra_vars={"vllm_service_extra_args": seeded},
+    )
+    assert changed.ok, str(changed)
+    rendered = changed.changed_results(host=host, role="vllm_service", action="template")
+    assert sorted(r.result["dest"] for r in rendered) == [
+        "/etc/systemd/system/vllm.service",
+        "/etc/systemd/system/vllm.service.d/50-spec-watch.conf",
+    ], str(changed)
+    command = box.out("tr '\\0' ' ' < /proc/$(systemctl show vllm --property=MainPID --value)/cmdline")
+    assert "--seed 7" in command and "--speculative-config" not in command, command
 
 
 def plain_deploy_passes_again(scenario):

@@ -13,7 +13,11 @@ a script replaying the recording.
 import json
 import os
 import pathlib
+import pwd
+import shutil
 import sys
+import tempfile
+import types
 
 import gpu_topology
 import nccl_tune
@@ -390,3 +394,33 @@ def test_a_failing_script_gives_its_last_line(run_module, box, monkeypatch):
     monkeypatch.setenv("REPLAY_PROBE", "not json")
     result = run_module(nccl_tune, box.args())
     assert result["msg"].startswith("replay_bench.py printed no JSON")
+
+
+def test_the_measurement_runs_as_the_service_user(tmp_path):
+    """As the inference service's user (its groups and home too), so that what its workers leave in
+    /dev/shm is that user's to clean up at the server's next start; here 'nobody', a real account."""
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="nccl-tune-user-"))
+    try:
+        shared.chmod(0o755)
+        script = shared / "whoami_bench.py"
+        script.write_text(
+            "import json, os\n"
+            "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'home': os.environ['HOME']}))\n"
+        )
+        script.chmod(0o755)
+        nobody = pwd.getpwnam("nobody")
+
+        def run_as(user):
+            module = types.SimpleNamespace(
+                params={"python": "/usr/bin/python3", "script": str(script), "user": user}
+            )
+            return nccl_tune.Box(module).script("probe", timeout=30)
+
+        assert run_as("nobody") == {"uid": nobody.pw_uid, "gid": nobody.pw_gid, "home": nobody.pw_dir}
+        assert run_as("")["uid"] == os.getuid()
+        with pytest.raises(
+            nccl_tune.MeasurementError, match="no user no-such-user on this box to measure as"
+        ):
+            run_as("no-such-user")
+    finally:
+        shutil.rmtree(shared)

@@ -8,6 +8,7 @@ import http.server
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -197,3 +198,64 @@ def test_never_while_a_deploy_holds_the_box_and_a_restart_starts_the_count_again
     server.add(50, 3, 1.4)  # counters from zero again
     assert tick().startswith("spec watch: counting from here")
     assert calls == [] and not Path(config["action_file"]).exists()
+
+
+RENDER = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.template: {src: "%(templates)s/vllm.service.j2", dest: "%(out)s/vllm.service"}
+    - ansible.builtin.template: {src: "%(templates)s/speculation-off.conf.j2", dest: "%(out)s/off.conf"}
+"""
+
+
+def test_its_drop_in_is_what_a_deploy_keeping_the_fallback_renders(box):
+    """roles/vllm_service renders the same drop-in from the unit's own template while a deploy keeps the
+    fallback (so later changes to the unit reach the server): byte for byte what the watcher wrote, so a
+    deploy that changes nothing else restarts nothing."""
+    server, config, tick, calls, tmp_path = box
+    values = {
+        "vllm_service_served_model_name": "kimi",
+        "vllm_service_start_limit_interval_s": 600,
+        "vllm_service_start_limit_burst": 5,
+        "vllm_service_user": "vllm",
+        "vllm_service_home": "/var/lib/vllm",
+        "vllm_service_ready_timeout_s": 3600,
+        "gpu_topology": {"interconnect": "pcie", "worst_hop": "SYS"},
+        "vllm_service_nccl_env": {"NCCL_P2P_LEVEL": "SYS"},
+        "vllm_service_environment": {},
+        "vllm_service_env_file": "/etc/vllm/vllm.env",
+        "vllm_service_venv": "/opt/vllm/releases/vllm-0.33.0",
+        "vllm_service_model_path": "/srv/models/it's kimi 100%",
+        "vllm_service_host": "0.0.0.0",
+        "vllm_service_port": 8000,
+        "vllm_service_tensor_parallel_size": 8,
+        "vllm_service_speculative_config": {"method": "eagle3", "model": "/srv/drafters/current", "k": 3},
+        "vllm_service_extra_args": ["--max-model-len", "8192", "--chat-template", "a 'quoted' $x"],
+        "vllm_service_start_timeout_s": 3600,
+        "vllm_service_limit_nofile": 65536,
+    }
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    playbook = tmp_path / "render.yml"
+    rendered = tmp_path / "rendered"
+    rendered.mkdir()
+    playbook.write_text(RENDER % {"templates": ROOT / "roles/vllm_service/templates", "out": rendered})
+    subprocess.run(
+        [
+            Path(sys.executable).with_name("ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            str(playbook),
+            "-e",
+            json.dumps({**values, "ansible_python_interpreter": sys.executable}),
+        ],
+        env={**os.environ, "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg")},
+        capture_output=True,
+        check=True,
+    )
+    Path(config["unit_file"]).write_text((rendered / "vllm.service").read_text())
+    spec_watch.act(config, "a test", run=lambda command, check: calls.append(command))
+    assert Path(config["dropin"]).read_text() == (rendered / "off.conf").read_text()
+    assert "--speculative-config" in (rendered / "vllm.service").read_text()

@@ -31,6 +31,9 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 # The speculative config as roles/vllm_service renders it: its own continuation line of ExecStart.
+DROPIN_HEADER = (
+    "# Written by specfleet's spec watcher: speculation off until a deploy ships another drafter.\n"
+)
 SPECULATIVE_ARGUMENT = re.compile(r" \\\n\s*--speculative-config '(?:[^'\\]|\\.)*'")
 
 
@@ -125,9 +128,9 @@ def act(config, reason, run=subprocess.run):
         command = SPECULATIVE_ARGUMENT.sub("", start.group(0))
         os.makedirs(os.path.dirname(config["dropin"]), exist_ok=True)
         with open(config["dropin"] + ".partial", "w") as out:
-            out.write(
-                f"# Written by specfleet's spec watcher ({reason}).\n[Service]\nExecStart=\n{command}\n"
-            )
+            # What roles/vllm_service renders while a deploy keeps this fallback (speculation-off.conf.j2),
+            # byte for byte: a deploy that changes nothing else then leaves it, and the server, alone.
+            out.write(f"{DROPIN_HEADER}[Service]\nExecStart=\n{command}\n")
         os.replace(config["dropin"] + ".partial", config["dropin"])
         action = "speculation_off"
     # What serves from now on: a deploy that ships another drafter (or spec_watch_clear) ends the fallback.
