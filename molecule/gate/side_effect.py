@@ -273,6 +273,10 @@ def watcher_turns_speculation_off(scenario):
     enable = scenario.play("deploy.yml", "--tags", "spec_watch", *WATCH)
     assert enable.ok, str(enable)
     assert enable.changed_results(host=host, role="spec_watch", action="systemd_service"), str(enable)
+    # Root, sandboxed: systemd's own reading of the unit (a bare root service reads 9.6, UNSAFE). The sim's
+    # container cannot enforce the namespaces, so that the watcher still acts under them is a real box's.
+    exposure = box.out("systemd-analyze security --no-pager specfleet-spec-watch.service").splitlines()[-1]
+    assert float(re.search(r": (\d+\.\d+) ", exposure).group(1)) < 6.0, exposure
 
     lock = "/var/lib/specfleet/deploy.lock"
     box.write(

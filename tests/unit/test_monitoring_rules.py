@@ -112,6 +112,15 @@ INPUT = [
     *counters("ungated-box", 0, 0, [], 300),
     *[up(box, 1) for box in BOXES if box != "ungated-box"],
     up("ungated-box", 0),
+    # The spec watcher's textfile metric, through node_exporter: one box's watcher cannot read its server.
+    {
+        "series": 'specfleet_spec_watch_metrics_read{job="node", instance="10.0.0.9:9100"}',
+        "values": f"0x{MINUTES}",
+    },
+    {
+        "series": 'specfleet_spec_watch_metrics_read{job="node", instance="10.0.0.8:9100"}',
+        "values": f"1x{MINUTES}",
+    },
 ]
 
 
@@ -154,6 +163,9 @@ def test_alerts_fire_where_speculation_does_not_pay(exported, tmp_path):
         "SpeculationOff": [alert("off-box", **model)],
         "VllmServerDown": [
             alert("ungated-box", severity="critical", job="specfleet-vllm", instance="10.0.0.9:8000")
+        ],
+        "SpecWatchBlind": [
+            {"exp_labels": {"severity": "warning", "job": "node", "instance": "10.0.0.9:9100"}}
         ],
     }
     tests = [

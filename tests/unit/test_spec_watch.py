@@ -200,6 +200,31 @@ def test_never_while_a_deploy_holds_the_box_and_a_restart_starts_the_count_again
     assert calls == [] and not Path(config["action_file"]).exists()
 
 
+def test_a_deploy_that_takes_the_box_while_a_window_is_read_keeps_it(box):
+    """The lock is checked again once the window is read, just before acting: a deploy that took the box
+    meanwhile (here, while the server answered the scrape) decides what serves."""
+    server, config, tick, calls, tmp_path = box
+    server.add(500, 3, 1.4)
+    tick()
+    server.add(200, 3, 1.4)
+    assert "1 of 2 windows under it" in tick()
+    server.add(200, 3, 1.4)
+    text = server.text
+    server.text = lambda: (Path(config["lock_file"]).write_text("{}"), text())[1]
+    assert tick().endswith("2 of 2 windows under it; a deploy took the box meanwhile, not acting")
+    assert calls == [] and not Path(config["action_file"]).exists() and not Path(config["dropin"]).exists()
+
+
+def test_a_server_it_cannot_read_is_said_in_the_textfile(box):
+    server, config, tick, calls, tmp_path = box
+    server.add(500, 3, 3.4)
+    tick()
+    assert "specfleet_spec_watch_metrics_read 1" in metric(tmp_path)
+    config["metrics_url"] = "http://127.0.0.1:9/metrics"  # nothing listens on the discard port
+    assert tick().startswith("spec watch: http://127.0.0.1:9/metrics did not answer (")
+    assert "specfleet_spec_watch_metrics_read 0" in metric(tmp_path)
+
+
 RENDER = """
 - hosts: localhost
   gather_facts: false

@@ -2,42 +2,20 @@
 that no quoting carries into the unit are named, one line each; everything else is left to the template's
 escaping (molecule/default proves values with quotes, backslashes, % and $ reach the server as written)."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import call_apart
 
-ROOT = Path(__file__).resolve().parents[2]
-# In a process of its own: the filter imports Ansible's controller errors, which imported into the test
-# process would send later module tests' warnings to the controller's display.
-CALL = """
-import json, sys
-from script_module import load
-problems = load(sys.argv[1], "systemd_environment").systemd_environment_problems
-answers = []
-for environment, source in json.load(sys.stdin):
-    try:
-        answers.append({"problems": problems(environment, source)})
-    except Exception as error:
-        answers.append({"error": f"{type(error).__name__}: {error}"})
-print(json.dumps(answers))
-"""
+FILTER = Path(__file__).resolve().parents[2] / "filter_plugins/systemd_environment.py"
 
 
 def problems(*cases):
-    """The filter's answer for each (environment, source)."""
-    answered = subprocess.run(
-        [sys.executable, "-c", CALL, str(ROOT / "filter_plugins/systemd_environment.py")],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT / "tests",
-        env={"PYTHONPATH": str(ROOT / "tests")},
-    )
-    return json.loads(answered.stdout)
+    """The filter's answer for each (environment, source), called apart (script_module.call_apart)."""
+    return [
+        {"problems": answer["answer"]} if "answer" in answer else answer
+        for answer in call_apart(FILTER, "systemd_environment_problems", *cases)
+    ]
 
 
 def test_printable_values_pass_whatever_they_hold():

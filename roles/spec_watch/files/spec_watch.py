@@ -77,11 +77,15 @@ def floor_at(config, k):
     return spec_stats.floor_at_k(floor, at_k, max(1, round(k)))
 
 
-def textfile(config, state, acted):
-    """The watcher's state for node_exporter's textfile collector."""
+def textfile(config, state, acted, read=True):
+    """The watcher's state for node_exporter's textfile collector; `read`: whether this run read the
+    server's metrics (a watcher that cannot is blind, and says so here for an alert)."""
     if not config.get("textfile_dir") or not os.path.isdir(config["textfile_dir"]):
         return
     lines = [
+        "# HELP specfleet_spec_watch_metrics_read Whether the watcher's last run read the server's metrics.",
+        "# TYPE specfleet_spec_watch_metrics_read gauge",
+        f"specfleet_spec_watch_metrics_read {1 if read else 0}",
         "# HELP specfleet_spec_watch_below_floor_windows Counted windows in a row under the gate floor.",
         "# TYPE specfleet_spec_watch_below_floor_windows gauge",
         f"specfleet_spec_watch_below_floor_windows {state.get('streak', 0)}",
@@ -158,6 +162,7 @@ def tick(config, run=subprocess.run):
     try:
         current = counters(config["metrics_url"])
     except OSError as error:
+        textfile(config, state, None, read=False)
         return f"spec watch: {config['metrics_url']} did not answer ({error}); nothing counted"
     if current is None:
         textfile(config, {}, None)
@@ -180,7 +185,10 @@ def tick(config, run=subprocess.run):
             f"floor {floor if floor is None else round(floor, 2)}; "
             f"{state['streak']} of {config['windows']} windows under it"
         )
-        if state["streak"] >= config["windows"]:
+        if state["streak"] >= config["windows"] and os.path.exists(config["lock_file"]):
+            # A deploy took the box while this window was read: it decides what serves now.
+            line += "; a deploy took the box meanwhile, not acting"
+        elif state["streak"] >= config["windows"]:
             reason = (
                 f"mean acceptance length {length:.2f} < floor {floor:.2f} at k={k:.2f} for {state['streak']} "
                 f"windows of at least {config['min_drafts']} drafts"
