@@ -6,10 +6,12 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: release_stage
-short_description: Look for a published release; ready the releases directory and report rsync when it is not
+short_description: Look for a published release and whether it serves; else ready its staging
 description:
   - "A release is published when C(<releases>/<release>/.release.json) exists (M(release_switch) writes it
-    last). A published release needs nothing more, and the run costs this one call."
+    last). With I(link), it also says whether that link already points at the release: a published release
+    that serves needs nothing more (not even M(release_switch)'s look at the link), and the run costs this
+    one call."
   - "For a release not yet published, I(releases) is created (owner root, mode 0755) where it is missing,
     and the path of C(rsync) on the box's C(PATH) is reported: the far end of the transfer that stages the
     release (C(ansible.posix.synchronize)), installed by the caller only where it is missing."
@@ -24,6 +26,10 @@ options:
     description: The id of the release to look for.
     type: str
     required: true
+  link:
+    description: The link that serves a release (M(release_switch)'s I(link)); none when empty.
+    type: path
+    default: ""
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -42,6 +48,7 @@ EXAMPLES = r"""
   release_stage:
     releases: /srv/drafters/releases
     release: 3f2a9c1b7d04
+    link: /srv/drafters/current
   register: staged
 
 - name: Install rsync where a new release needs it
@@ -56,6 +63,11 @@ published:
   returned: success
   type: bool
   sample: false
+serves:
+  description: Whether I(link) points at the release (false without I(link)).
+  returned: success
+  type: bool
+  sample: true
 rsync:
   description: The path of rsync on the box, or null where it is missing; null as well for a published
     release, which is not looked for.
@@ -75,19 +87,22 @@ def main():
         argument_spec={
             "releases": {"type": "path", "required": True},
             "release": {"type": "str", "required": True},
+            "link": {"type": "path", "default": ""},
         },
         supports_check_mode=True,
     )
-    releases, release = module.params["releases"], module.params["release"]
-    if os.path.exists(os.path.join(releases, release, ".release.json")):
-        module.exit_json(changed=False, published=True, rsync=None)
+    releases, release, link = (module.params[name] for name in ("releases", "release", "link"))
+    path = os.path.join(releases, release)
+    if os.path.exists(os.path.join(path, ".release.json")):
+        serves = bool(link) and os.path.islink(link) and os.path.realpath(link) == os.path.realpath(path)
+        module.exit_json(changed=False, published=True, serves=serves, rsync=None)
     changed = not os.path.isdir(releases)
     if changed and not module.check_mode:
         os.makedirs(releases, mode=0o755)
         # makedirs' mode is masked by the umask; the releases are read by the service user.
         os.chmod(releases, 0o755)
         os.chown(releases, 0, 0)
-    module.exit_json(changed=changed, published=False, rsync=shutil.which("rsync"))
+    module.exit_json(changed=changed, published=False, serves=False, rsync=shutil.which("rsync"))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,28 @@ def test_a_published_release_needs_nothing(tmp_path, run_module):
     published.mkdir(parents=True)
     (published / ".release.json").write_text(json.dumps({"id": "aaa"}))
     result = look(run_module, tmp_path / "releases")
-    assert (result["changed"], result["published"], result["rsync"]) == (False, True, None)
+    assert (result["changed"], result["published"], result["serves"], result["rsync"]) == (
+        False,
+        True,
+        False,
+        None,
+    )
+
+
+def test_it_says_whether_the_link_serves_the_release(tmp_path, run_module):
+    for release in ("aaa", "bbb"):
+        (tmp_path / "releases" / release).mkdir(parents=True)
+        (tmp_path / "releases" / release / ".release.json").write_text("{}")
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "releases" / "aaa")
+    args = {"releases": str(tmp_path / "releases"), "link": str(link)}
+    assert run_module(release_stage, {**args, "release": "aaa"})["serves"] is True
+    assert run_module(release_stage, {**args, "release": "bbb"})["serves"] is False
+    # A served path that is a directory, not a link, serves no release (release_switch refuses it).
+    assert (
+        run_module(release_stage, {**args, "release": "aaa", "link": str(tmp_path / "releases")})["serves"]
+        is False
+    )
 
 
 def test_a_staged_copy_is_not_published(tmp_path, run_module):
