@@ -11,9 +11,10 @@ FIXTURE = ROOT / "tests/fixtures/nvidia-smi/rtx4090-8gpu-pcie"
 
 
 def unit_environment(host):
-    """The environment the server process runs with."""
+    """The environment the server process runs with, read as its own user (the container's root may not
+    read another user's /proc/<pid>/environ)."""
     pid = host.check_output("systemctl show vllm --property=MainPID --value")
-    lines = host.check_output("tr '\\0' '\\n' < /proc/%s/environ", pid).splitlines()
+    lines = host.check_output("runuser -u vllm -- cat /proc/%s/environ | tr '\\0' '\\n'", pid).splitlines()
     return dict(line.split("=", 1) for line in lines)
 
 
