@@ -8,20 +8,12 @@ import pathlib
 import re
 
 import yaml
+from task_files import tasks_of
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SECTIONS = ("block", "rescue", "always")
 INCLUDES = {
     f"ansible.builtin.{name}" for name in ("include_role", "import_role", "include_tasks", "import_tasks")
 }
-
-
-def tasks_of(items):
-    for task in items or []:
-        if isinstance(task, dict):
-            yield task
-            for section in SECTIONS:
-                yield from tasks_of(task.get(section))
 
 
 def task_files():

@@ -10,16 +10,9 @@ import re
 
 import pytest
 import yaml
+from task_files import tasks_of
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
-SECTIONS = ("block", "rescue", "always")
-
-
-def tasks_of(items):
-    for task in items or []:
-        yield task
-        for section in SECTIONS:
-            yield from tasks_of(task.get(section))
 
 
 def names_set_by(role: pathlib.Path):

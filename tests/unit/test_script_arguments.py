@@ -14,6 +14,7 @@ import sys
 import jinja2.meta
 import pytest
 import yaml
+from task_files import tasks_of
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # In a process of its own: Ansible's controller code imported into the test process would send later
@@ -24,14 +25,6 @@ from ansible.template import Templar, trust_as_template
 cmd, values = json.load(sys.stdin)
 print(Templar(variables=values).template(trust_as_template(cmd)))
 """
-SECTIONS = ("block", "rescue", "always")
-
-
-def tasks_of(items):
-    for task in items or []:
-        yield task
-        for section in SECTIONS:
-            yield from tasks_of(task.get(section))
 
 
 def script_commands():
