@@ -19,8 +19,12 @@ description:
     would refuse it.
   - "With O(greedy_only), a request that samples (a C(temperature) above 0) is refused: vLLM's CPU build ends
     its engine on a sampled request when it speculates (docs/sim.md, what the CPU build does not do)."
-  - Each problem is one line naming the file and the line number. Changes nothing; C(changed) is always
-    C(false). Meant to run on the controller (C(delegate_to) localhost), where the file is.
+  - "With O(min_distinct), a file with fewer distinct requests is refused: at temperature 0 a repeated
+    request repeats its outcome, so identical requests (the same body once O(max_tokens) and temperature 0
+    are filled in) count once, and the measurement's interval needs that many."
+  - Each problem is one line naming the file (and the line number, for a bad line). Changes nothing;
+    C(changed) is always C(false). Meant to run on the controller (C(delegate_to) localhost), where the
+    file is.
 options:
   path:
     description: The JSONL file.
@@ -38,6 +42,10 @@ options:
     description: Refuse requests at a temperature above 0 (a server on vLLM's CPU build).
     type: bool
     default: false
+  min_distinct:
+    description: The fewest distinct requests the file must hold; 0 checks nothing.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - action_common_attributes
 attributes:
@@ -74,6 +82,11 @@ count:
   returned: success
   type: int
   sample: 200
+distinct:
+  description: Number of distinct requests (identical bodies count once).
+  returned: success
+  type: int
+  sample: 198
 sha256:
   description: sha256 of the file's bytes.
   returned: success
@@ -84,6 +97,7 @@ sha256:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.chat_load import distinct_requests
 
 
 class WorkloadError(Exception):
@@ -146,6 +160,7 @@ def main():
             max_tokens=dict(type="int", default=64),
             max_model_len=dict(type="int", default=0),
             greedy_only=dict(type="bool", default=False),
+            min_distinct=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )
@@ -168,7 +183,18 @@ def main():
         )
     except WorkloadError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, requests=requests, count=len(requests), sha256=module.sha256(path))
+    distinct = len(distinct_requests(requests, module.params["max_tokens"], 0))
+    if distinct < module.params["min_distinct"]:
+        module.fail_json(
+            msg=(
+                f"{path} holds {distinct} distinct requests in {len(requests)}: the measurement needs at "
+                f"least {module.params['min_distinct']} (identical requests count once, at temperature 0 a "
+                "repeat repeats its outcome)"
+            )
+        )
+    module.exit_json(
+        changed=False, requests=requests, count=len(requests), distinct=distinct, sha256=module.sha256(path)
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ description:
   - "One module, three steps, driven by roles/spec_tune, which serves the target once per k (k = 0:
     speculation off) on a trial unit between them."
   - "C(step=measure): streams the workload to the server at O(base_url), which serves with O(k) speculative
-    tokens, at each of O(concurrencies) (O(rounds) requests per concurrent client, after one warm-up request),
+    tokens, at each of O(concurrencies) (O(rounds) requests per concurrent client, after one warm-up request;
+    never more than the workload's distinct requests, identical ones being one, so none repeats in a cell),
     and returns one row per concurrency: output tokens per second over the cell, median inter-token latency
     (a request's first-to-last token time over its tokens after the first) and, for k > 0, the acceptance
     counted on C(/metrics) meanwhile. Fails when a request fails or when the server drafts another number of
@@ -109,7 +110,7 @@ options:
     elements: int
     default: [1, 2, 4, 8]
   rounds:
-    description: Requests each concurrent client sends per cell.
+    description: Requests each concurrent client sends per cell (a cell sends at most the distinct requests).
     type: int
     default: 3
   requests:
@@ -239,7 +240,13 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.chat_load import chat_requests, load_cell, workload, workload_digest
+from ansible.module_utils.chat_load import (
+    chat_requests,
+    distinct_requests,
+    load_cell,
+    workload,
+    workload_digest,
+)
 from ansible.module_utils.kept_measurement import KeptMeasurementError, changed_fields, read_kept, write_kept
 from ansible.module_utils.spec_metrics import SpecMetricsError, scrape, spec_series, window_metrics
 from ansible.module_utils.spec_schedule import (
@@ -286,7 +293,7 @@ def gpus_and_driver(module):
 def identity(module):
     params = module.params
     gpus, driver = gpus_and_driver(module)
-    requests = chat_requests(params["requests"])
+    requests = distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
     base = {key: value for key, value in params["speculative_config"].items() if key != SCHEDULE_KEY}
     return {
         **params["identity"],
@@ -386,7 +393,7 @@ def measure(module):
     url, key, k = params["base_url"].rstrip("/"), params["api_key"], params["k"]
     check_healthy(url, api_key=key, timeout=params["timeout"])
     chat = url + "/v1/chat/completions"
-    requests = chat_requests(params["requests"])
+    requests = distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
     # The first request after a start pays for warm-up (allocations, caches): not part of any cell.
     load_cell(chat, key, params["model"], requests[:1], params["max_tokens"], 1, params["timeout"])
     rows, start = [], 0

@@ -23,16 +23,19 @@ description:
     result (C(ansible_facts.speculation_gate)).
   - Measure on chat prompts at temperature 0 (the defaults). Random tokens with C(ignore_eos) loop and
     inflate acceptance, so the built-in prompts are ordinary chat requests.
-  - The figures come with confidence intervals (C(intervals)). At O(concurrency) 1 the counters are also
-    read after every request, and the mean acceptance length's interval comes from the spread over
-    requests (a ratio estimator, Student's t for few requests) - at temperature 0 a request's outcome is
-    fixed, and which requests were sent is the only chance in the measurement. Otherwise (concurrent
-    requests, or fewer than 5 that drafted) drafts are taken as independent - vLLM accepts a prefix of
-    every draft, so the per-position counts give the number of drafts with 0, 1, ..., k accepted tokens.
-    Each position's acceptance is a binomial over drafts (Wilson interval). The acceptance rate, when
-    every draft proposed k tokens, is (mean acceptance length - 1) / k and takes that interval.
+  - The figures come with confidence intervals (C(intervals)) from the spread over requests (a ratio
+    estimator, Student's t for few requests) - at temperature 0 a request's outcome is fixed, and which
+    requests were sent is the only chance in the measurement. So identical requests are one request
+    (the workload is sent without repeats, and the budget is at most its distinct requests), and each
+    request's own counts are needed - read from its response where the server gives them (vLLM 0.32 on,
+    served with C(--per-request-spec-decode-metrics summary)), else at O(concurrency) 1 from the counters
+    read after every request. Drafts are never taken as independent. Without per-request counts
+    (concurrent requests to a server without per-request figures), or with fewer than 5 requests that
+    drafted, the mean acceptance length and acceptance rate have no interval, and a floor on them fails
+    saying why, unless O(point_figure) allows a verdict on the point figure.
+  - Each position's acceptance is shown with a Wilson interval over drafts (for reading; no verdict uses it).
     Requests that all give the same counts (the same walk) have no spread, so the interval is the point.
-  - O(min_speedup) is checked on the point figure (tokens per second have no per-draft spread here).
+  - O(min_speedup) is checked on the point figure (tokens per second have no per-request spread here).
   - Changes nothing on the box; C(changed) is always C(false).
 options:
   base_url:
@@ -69,7 +72,7 @@ options:
   num_prompts:
     description:
       - Number of requests of the first round; the workload (O(prompts), O(requests) or the built-in set) is
-        used in order and cycled.
+        used in order, its repeats left out, never more than its distinct requests.
     type: int
     default: 8
   max_prompts:
@@ -77,8 +80,8 @@ options:
       - The budget for measuring more. While a threshold's confidence interval straddles its floor, another
         round of O(num_prompts) requests is sent (the next ones of the workload), until the verdict is clear,
         O(max_prompts) requests have been sent or O(max_seconds) have passed.
-      - At temperature 0 a repeated request repeats its outcome and adds no information, so give at least
-        this many distinct requests.
+      - At temperature 0 a repeated request repeats its outcome and adds no information, so the budget is
+        at most the workload's distinct requests.
       - Default (or anything below O(num_prompts)) is O(num_prompts), one round.
     type: int
   max_seconds:
@@ -120,13 +123,22 @@ options:
     type: float
   min_speedup:
     description:
-      - Fail when C(speedup) is below this. Needs O(baseline_tokens_per_second).
+      - Fail when C(speedup) is below this. Needs O(baseline_per_round) or O(baseline_tokens_per_second).
     type: float
+  baseline_per_round:
+    description:
+      - The baseline round by round, as a run with O(speculation=false) returns it (C(per_round)), that is
+        C([completion_tokens, seconds]) of each round of O(num_prompts) requests of the same workload, over
+        the whole budget (O(max_prompts)), against the same target served without speculative decoding.
+        C(speedup) compares the rounds this run sent with the same rounds of the baseline, the same
+        requests, whatever round the verdict comes at.
+    type: list
+    elements: list
   baseline_tokens_per_second:
     description:
       - Tokens per second of the same workload (same prompts, C(num_prompts), C(max_tokens), C(concurrency))
-        against the same target served without speculative decoding. C(speedup) is
-        C(tokens_per_second) divided by it; without it C(speedup) is null.
+        against the same target served without speculative decoding, as one figure. C(speedup) is
+        C(tokens_per_second) divided by it; without it (or O(baseline_per_round)) C(speedup) is null.
     type: float
   speculative_config:
     description:
@@ -163,11 +175,19 @@ options:
     elements: str
     choices: [mean_acceptance_length, tokens_per_second]
     default: [mean_acceptance_length, tokens_per_second]
+  point_figure:
+    description:
+      - Judge the acceptance floors on the point figures where there is no interval (fewer than 5 distinct
+        requests that drafted, or no per-request counts under concurrency); the verdict says so. Without it
+        such a floor fails, saying why.
+    type: bool
+    default: false
   speculation:
     description:
       - Whether the server is expected to speculate. V(false) measures a baseline on the same target served
         without speculative decoding (C(/metrics) is not read; only throughput is returned), so thresholds on
-        acceptance do not apply.
+        acceptance do not apply. It sends the whole budget, round by round (C(per_round)), so that a
+        speculative run compares like with like after any round.
     type: bool
     default: true
 extends_documentation_fragment:
@@ -297,21 +317,32 @@ ansible_facts:
         intervals:
           description:
             - Confidence intervals of the figures, at C(confidence); null without drafts.
-            - C(method) says whether the spread was taken over requests or over drafts.
+            - C(method) is C(per request), or null where the mean acceptance length and the acceptance rate
+              have no interval (they are null then); C(requests) counts the requests that drafted.
           type: dict
           sample:
             confidence: 0.95
             method: per request
+            requests: 8
             mean_acceptance_length: [2.31, 2.79]
             acceptance_rate: [0.437, 0.597]
             per_position_acceptance: [[0.48, 0.76], [0.27, 0.55], [0.15, 0.40]]
         per_request:
           description:
-            - "Δdrafts and Δaccepted of each request, in order, as [drafts, accepted]; measured at
-              O(concurrency) 1 only (empty otherwise)."
+            - "Each request's drafts, accepted tokens and draft tokens, in order, as [drafts, accepted,
+              draft_tokens]: from its response, else at O(concurrency) 1 from the counters read after it;
+              empty without either."
           type: list
           elements: list
-          sample: [[5, 8], [4, 7]]
+          sample: [[5, 8, 15], [4, 7, 12]]
+        per_request_source:
+          description: Where C(per_request) came from, C(responses) or C(counters); null when it is empty.
+          type: str
+          sample: counters
+        distinct_requests:
+          description: Distinct requests in the workload (identical bodies are one); the budget's limit.
+          type: int
+          sample: 32
         verdicts:
           description:
             - For each threshold given, C(above), C(below) or C(straddles) (its interval against the floor;
@@ -365,7 +396,9 @@ ansible_facts:
           type: str
           sample: null
         baseline_tokens_per_second:
-          description: The O(baseline_tokens_per_second) given, or null.
+          description:
+            - The baseline the speedup is over - O(baseline_per_round) over the rounds this run sent, or
+              O(baseline_tokens_per_second) - or null.
           type: float
           sample: 810.0
         speedup:
@@ -388,6 +421,18 @@ ansible_facts:
           description: Same as the top-level C(reason).
           type: str
           sample: "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.5 tok/s"
+        per_round:
+          description: C([completion_tokens, seconds]) of each round of requests sent, in order.
+          type: list
+          elements: list
+          sample: [[512, 2.04], [498, 1.97]]
+        summary:
+          description:
+            - The figures in one line, each rounded to what its interval supports, with the requests they
+              come from.
+          type: str
+          sample: "acceptance 0.79 [0.74, 0.84], mean length 3.37 [3.21, 3.52], per position 0.89/0.79/0.68,
+            245.1 tok/s, 8 distinct requests in 1 round"
 """
 
 import json
@@ -395,7 +440,13 @@ import urllib.parse
 
 from ansible.module_utils import spec_stats
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.chat_load import chat_requests, run_requests, workload, workload_digest
+from ansible.module_utils.chat_load import (
+    chat_requests,
+    distinct_requests,
+    run_requests,
+    workload,
+    workload_digest,
+)
 from ansible.module_utils.spec_metrics import (
     SpecMetricsError,
     check_no_restart,
@@ -418,6 +469,8 @@ THRESHOLDS = (
     ("tokens_per_second", "min_tokens_per_second_vs_best", False),
 )
 VS_BEST = "_vs_best"
+# A floor on a figure that has no interval, and may not be judged on its point figure.
+NO_INTERVAL = "no interval"
 
 
 def throughput(completion_tokens, elapsed_s, baseline=None):
@@ -436,28 +489,44 @@ def _pair(value, limit):
     return shown
 
 
-def _with_interval(fact, shown, facts):
-    interval = (facts.get("intervals") or {}).get(fact)
-    return f"{shown} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else shown
+def _interval(fact, facts):
+    return (facts.get("intervals") or {}).get(fact)
 
 
-def judge(facts, thresholds):
-    """{option: "above" | "below" | "straddles"} for every threshold given ({option: limit or None}):
-    the fact's interval against the floor where it has one, else the point figure."""
+def judge(facts, thresholds, point_figure=False):
+    """{option: "above" | "below" | "straddles" | "no interval"} for every threshold given ({option: limit
+    or None}): the fact's interval against the floor where it has one, else the point figure (for a fact
+    with an interval only where point_figure allows it)."""
     verdicts = {}
     for fact, option, has_interval in THRESHOLDS:
         limit = thresholds.get(option)
         if limit is None:
             continue
         value = facts.get(fact)
-        interval = (facts.get("intervals") or {}).get(fact) if has_interval else None
+        interval = _interval(fact, facts) if has_interval else None
         if value is None:
             verdicts[option] = "below"
         elif interval:
             verdicts[option] = spec_stats.verdict(interval, limit)
+        elif has_interval and not point_figure:
+            verdicts[option] = NO_INTERVAL
         else:
             verdicts[option] = "above" if value >= limit else "below"
     return verdicts
+
+
+def why_no_interval(facts):
+    """Why the acceptance figures have no interval, in words, with what would give them one."""
+    if not facts.get("per_request_source"):
+        return (
+            f"no per-request figures from {facts['requests']} requests at concurrency {facts['concurrency']} "
+            "(serve with --per-request-spec-decode-metrics summary, or measure at concurrency 1)"
+        )
+    drafted = (facts.get("intervals") or {}).get("requests", 0)
+    return (
+        f"{drafted} distinct request{'' if drafted == 1 else 's'} drafted, an interval needs "
+        f"{spec_stats.MIN_REQUESTS} (add distinct requests to the workload, or allow point_figure)"
+    )
 
 
 def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
@@ -475,30 +544,50 @@ def evaluate(facts, thresholds, verdicts=None, budget_spent=True):
         if value is None:
             missed.append(f"{fact} unknown, {option} {limit:.2f}")
             continue
+        interval = _interval(fact, facts)
         shown, wanted = _pair(value, limit)
-        shown = _with_interval(fact, shown, facts)
+        shown = spec_stats.shown(value, interval) if interval else shown
         if option.endswith(VS_BEST):
             best = facts["best"]
             margin = f"{facts['max_regression']:.0%}"
             wanted += f" ({margin} under the best {float(best[fact]):.2f} of {best.get(fact + '_at', '?')})"
         if verdicts[option] == "below":
             missed.append(f"{fact} {shown} < {option} {wanted}")
+        elif verdicts[option] == NO_INTERVAL:
+            missed.append(
+                f"{fact} {shown} not shown >= {option} {wanted}: no interval, {why_no_interval(facts)}"
+            )
         elif budget_spent:
             missed.append(
-                f"{fact} {shown} not shown >= {option} {wanted} after {facts['requests']} requests "
+                f"{fact} {shown} not shown >= {option} {wanted} after {facts['requests']} distinct requests "
                 f"(interval straddles the floor, budget spent)"
             )
     if missed:
         return False, "; ".join(missed)
-    rate = _with_interval("acceptance_rate", f"{facts['acceptance_rate']:.2f}", facts)
-    length = _with_interval("mean_acceptance_length", f"{facts['mean_acceptance_length']:.2f}", facts)
-    reason = f"passed: acceptance_rate {rate}, mean acceptance length {length}"
-    reason += f", {facts['tokens_per_second']:.1f} tok/s"
-    if facts.get("speedup") is not None:
-        reason += f", speedup {facts['speedup']:.2f}x"
+    reason = f"passed: {summary(facts)}"
+    if any(verdicts.get(option) and not _interval(fact, facts) for fact, option, has in THRESHOLDS if has):
+        reason += ", judged on the point figures (point_figure)"
     if facts.get("errors"):
         reason += f", {facts['errors']} of {facts['requests']} requests failed"
     return True, reason
+
+
+def summary(facts):
+    """The figures in one line, each with the digits its interval supports, and what they come from."""
+    parts = []
+    for fact, name in (("acceptance_rate", "acceptance"), ("mean_acceptance_length", "mean length")):
+        if facts.get(fact) is not None:
+            interval = _interval(fact, facts)
+            point = "" if interval else " (no interval)"
+            parts.append(f"{name} {spec_stats.shown(facts[fact], interval)}{point}")
+    if facts.get("per_position_acceptance"):
+        parts.append("per position " + "/".join(f"{rate:.2f}" for rate in facts["per_position_acceptance"]))
+    parts.append(f"{facts['tokens_per_second']:.1f} tok/s")
+    if facts.get("speedup") is not None:
+        parts.append(f"speedup {facts['speedup']:.2f}x")
+    rounds = facts.get("rounds", 1)
+    parts.append(f"{facts['requests']} distinct requests in {rounds} round{'s' if rounds != 1 else ''}")
+    return ", ".join(parts)
 
 
 def first_model(base_url, api_key, timeout):
@@ -531,6 +620,13 @@ def validate(params):
         return f"max_regression must be from 0 to 1 (a fraction), got {params['max_regression']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
         return f"baseline_tokens_per_second must be above 0, got {params['baseline_tokens_per_second']}"
+    rounds = params["baseline_per_round"]
+    if rounds is not None and not (
+        rounds and all(len(r) == 2 and r[0] >= 0 and r[1] > 0 for r in rounds) and sum(r[0] for r in rounds)
+    ):
+        return "baseline_per_round must be [completion_tokens, seconds] rounds with tokens and time in them"
+    if params["min_speedup"] is not None and rounds is None and params["baseline_tokens_per_second"] is None:
+        return "min_speedup needs a baseline: baseline_per_round or baseline_tokens_per_second"
     if params["prompts"] is not None and (
         not params["prompts"] or not all(p.strip() for p in params["prompts"])
     ):
@@ -566,6 +662,7 @@ ARGUMENT_SPEC = dict(
     min_acceptance_rate=dict(type="float"),
     min_mean_acceptance_length=dict(type="float"),
     min_speedup=dict(type="float"),
+    baseline_per_round=dict(type="list", elements="list"),
     baseline_tokens_per_second=dict(type="float"),
     speculative_config=dict(type="dict"),
     floors_at_k=dict(type="int"),
@@ -577,6 +674,7 @@ ARGUMENT_SPEC = dict(
         choices=["mean_acceptance_length", "tokens_per_second"],
         default=["mean_acceptance_length", "tokens_per_second"],
     ),
+    point_figure=dict(type="bool", default=False),
     speculation=dict(type="bool", default=True),
 )
 
@@ -630,7 +728,8 @@ def drafted_as_configured(facts, k, params):
 
 
 class Measurement:
-    """The counters read before the first request and after each round (and each request at concurrency 1)."""
+    """The counters read before the first request and after each round (and each request at concurrency 1),
+    and each request's own counts where its response carries them."""
 
     def __init__(self, module, base_url, model):
         self.module, self.base_url, self.model = module, base_url, model
@@ -640,8 +739,9 @@ class Measurement:
         self.k = served_k(params)
         self.first = scrape(base_url, self.api_key, self.timeout)
         self.snapshots = [spec_series(self.first.samples, model, base_url)] if self.speculation else []
-        self.per_request = params["concurrency"] == 1 and self.speculation
+        self.read_after_each = params["concurrency"] == 1 and self.speculation
         self.completion_tokens, self.elapsed, self.errors, self.sent = 0, 0.0, [], 0
+        self.from_responses, self.per_round = [], []
 
     def read_series(self):
         samples = scrape(self.base_url, self.api_key, self.timeout).samples
@@ -652,7 +752,7 @@ class Measurement:
 
     def round(self, requests):
         params = self.module.params
-        tokens, elapsed, errors = run_requests(
+        tokens, elapsed, errors, counts = run_requests(
             self.base_url + "/v1/chat/completions",
             self.api_key,
             self.model,
@@ -661,12 +761,24 @@ class Measurement:
             params["temperature"],
             params["concurrency"],
             self.timeout,
-            after_each=self.after_request if self.per_request else None,
+            after_each=self.after_request if self.read_after_each else None,
         )
         self.completion_tokens += tokens
         self.elapsed += elapsed
+        self.per_round.append([tokens, round(elapsed, 4)])
         self.errors += errors
         self.sent += len(requests)
+        self.from_responses += counts
+
+    def per_request(self):
+        """(counts of each request, where they came from): the responses' own where every answered
+        request carried them, else the counters read after each request; ([], None) without either."""
+        answered = [counts for counts in self.from_responses if counts is not None]
+        if answered and len(answered) == self.sent - len(self.errors):
+            return answered, "responses"
+        if self.read_after_each:
+            return per_request_counts(self.snapshots), "counters"
+        return [], None
 
     def window(self):
         """Spec-decode figures from the first read to now, with intervals."""
@@ -682,10 +794,10 @@ class Measurement:
             # A schedule drafting fewer than num_speculative_tokens leaves the last positions at 0.
             figures["num_accepted_tokens_per_pos"] = figures["num_accepted_tokens_per_pos"][: self.k]
             figures["per_position_acceptance"] = figures["per_position_acceptance"][: self.k]
-        counts = per_request_counts(self.snapshots) if self.per_request else []
-        figures["per_request"] = counts
+        counts, source = self.per_request()
+        figures.update(per_request=counts, per_request_source=source)
         figures["intervals"] = spec_stats.intervals(
-            figures, self.module.params["confidence"], per_request=[tuple(pair) for pair in counts]
+            figures, self.module.params["confidence"], per_request=counts
         )
         return figures
 
@@ -693,8 +805,7 @@ class Measurement:
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("prompts", "requests")],
-        required_by={"min_speedup": "baseline_tokens_per_second"},
+        mutually_exclusive=[("prompts", "requests"), ("baseline_per_round", "baseline_tokens_per_second")],
         supports_check_mode=True,
     )
     params = module.params
@@ -703,9 +814,11 @@ def main():
         module.fail_json(msg=problem)
     base_url = params["base_url"].rstrip("/")
     api_key, timeout = params["api_key"], params["timeout"]
-    per_round = params["num_prompts"]
-    budget = max(per_round, params["max_prompts"] or per_round)
-    items = chat_requests(params["requests"], params["prompts"])
+    items = distinct_requests(
+        chat_requests(params["requests"], params["prompts"]), params["max_tokens"], params["temperature"]
+    )
+    per_round = min(params["num_prompts"], len(items))
+    budget = min(max(per_round, params["max_prompts"] or per_round), len(items))
     sent_workload = workload(items, per_round)
 
     try:
@@ -716,10 +829,16 @@ def main():
     except (VllmApiError, SpecMetricsError) as exc:
         module.fail_json(msg=str(exc))
 
+    def baseline():
+        """The baseline over the rounds sent so far (the same requests), or the one figure given."""
+        rounds = params["baseline_per_round"]
+        if rounds is None:
+            return params["baseline_tokens_per_second"]
+        same = rounds[: len(measured.per_round)]
+        return round(sum(r[0] for r in same) / sum(r[1] for r in same), 2)
+
     def figures():
-        tokens_per_second, speedup = throughput(
-            measured.completion_tokens, measured.elapsed, params["baseline_tokens_per_second"]
-        )
+        tokens_per_second, speedup = throughput(measured.completion_tokens, measured.elapsed, baseline())
         return {
             "base_url": base_url,
             "model": model,
@@ -727,12 +846,14 @@ def main():
             "max_tokens": params["max_tokens"],
             "temperature": params["temperature"],
             "requests": measured.sent,
+            "distinct_requests": len(items),
             "errors": len(measured.errors),
             "first_error": str(measured.errors[0]) if measured.errors else None,
             "completion_tokens": measured.completion_tokens,
             "elapsed_s": round(measured.elapsed, 3),
             "tokens_per_second": tokens_per_second,
-            "baseline_tokens_per_second": params["baseline_tokens_per_second"],
+            "baseline_tokens_per_second": baseline(),
+            "per_round": measured.per_round,
             "speedup": speedup,
             "workload_digest": workload_digest(sent_workload, params["max_tokens"], params["temperature"]),
         }
@@ -748,8 +869,20 @@ def main():
         )
 
     if not params["speculation"]:
+        # The whole budget, so that a speculative run compares the same requests after any round.
+        try:
+            while measured.sent < budget:
+                more = workload(items, min(per_round, budget - measured.sent), start=measured.sent)
+                measured.round(more)
+                sent_workload += more
+        except (VllmApiError, SpecMetricsError) as exc:
+            module.fail_json(msg=str(exc), ansible_facts={"speculation_gate": facts})
+        facts = figures()
         reason = f"baseline without speculation: {facts['tokens_per_second']} tok/s"
-        facts["passed"], facts["reason"] = True, reason
+        line = (
+            f"{facts['tokens_per_second']:.1f} tok/s without speculation, {measured.sent} distinct requests"
+        )
+        facts.update(passed=True, reason=reason, summary=line)
         module.exit_json(changed=False, passed=True, reason=reason, ansible_facts={"speculation_gate": facts})
 
     thresholds = floors(params, measured.k)
@@ -773,8 +906,10 @@ def main():
         misdrafted = drafted_as_configured(facts, measured.k, params)
         if misdrafted:
             module.fail_json(msg=misdrafted, ansible_facts={"speculation_gate": facts})
-        verdicts = judge(facts, thresholds)
-        undecided = "straddles" in verdicts.values() and "below" not in verdicts.values()
+        verdicts = judge(facts, thresholds, params["point_figure"])
+        # More requests help an interval that straddles, or one still missing for want of requests.
+        more_helps = {"straddles"} | ({NO_INTERVAL} if facts["per_request_source"] else set())
+        undecided = bool(more_helps & set(verdicts.values())) and "below" not in verdicts.values()
         if not undecided or measured.sent >= budget or measured.elapsed >= params["max_seconds"]:
             break
         more = workload(items, min(per_round, budget - measured.sent), start=measured.sent)
@@ -786,8 +921,9 @@ def main():
         rounds += 1
         facts.update(figures())
 
+    facts.update(verdicts=verdicts, rounds=rounds)
     passed, reason = evaluate(facts, thresholds, verdicts)
-    facts.update(verdicts=verdicts, rounds=rounds, passed=passed, reason=reason)
+    facts.update(passed=passed, reason=reason, summary=summary(facts))
     result = dict(changed=False, passed=passed, reason=reason, ansible_facts={"speculation_gate": facts})
     if not passed:
         module.fail_json(msg=reason, **result)

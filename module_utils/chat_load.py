@@ -3,7 +3,8 @@
 
 Requests are chat completions at the given temperature (0 by default: greedy decoding, so a request's
 tokens, and its speculative acceptance, are fixed); a workload is the list of request bodies in the
-order sent, identified by workload_digest().
+order sent, identified by workload_digest(). A request repeated at temperature 0 repeats its outcome:
+identical bodies are one request (distinct_requests), and no measurement sends one twice (workload).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ansible.module_utils.vllm_api import HttpError, VllmApiError, excerpt, post
 __all__ = [
     "DEFAULT_PROMPTS",
     "chat_requests",
+    "distinct_requests",
     "workload",
     "workload_digest",
     "chat_once",
@@ -73,9 +75,26 @@ def chat_requests(requests=None, prompts=None):
     return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts or DEFAULT_PROMPTS]
 
 
+def distinct_requests(requests, max_tokens, temperature):
+    """The requests without repeats, in first-seen order: bodies that are the same once the defaults
+    (max_tokens, temperature) are filled in are one request."""
+    seen, distinct = set(), []
+    for request in requests:
+        body = json.dumps(
+            {"max_tokens": max_tokens, "temperature": temperature, **request},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        if body not in seen:
+            seen.add(body)
+            distinct.append(request)
+    return distinct
+
+
 def workload(items, count, start=0):
-    """The workload items sent, in order: `items` cycled, `count` of them from position `start`."""
-    return [items[i % len(items)] for i in range(start, start + count)]
+    """The workload items sent, in order: `count` of them (never more than there are, so none is sent
+    twice) from position `start`, wrapping around the end."""
+    return [items[i % len(items)] for i in range(start, start + min(count, len(items)))]
 
 
 def workload_digest(requests, max_tokens, temperature):
@@ -84,8 +103,20 @@ def workload_digest(requests, max_tokens, temperature):
     return hashlib.sha256(json.dumps(bodies, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def spec_decode_counts(body):
+    """[drafts, accepted, draft tokens] of a response's own speculative-decoding figures (vLLM's
+    --per-request-spec-decode-metrics, 0.32 on: metrics.speculative_decoding), or None without them."""
+    metrics = body.get("metrics") if isinstance(body, dict) else None
+    figures = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(figures, dict):
+        return None
+    counts = [figures.get(key) for key in ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens")]
+    return counts if all(isinstance(n, int) and not isinstance(n, bool) for n in counts) else None
+
+
 def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
-    """One chat completion of a request body; return its usage.completion_tokens. Raises VllmApiError."""
+    """One chat completion of a request body; return (usage.completion_tokens, spec_decode_counts of the
+    response). Raises VllmApiError."""
     payload = {
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -102,23 +133,26 @@ def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
             url,
             status,
         )
-    return tokens
+    return tokens, spec_decode_counts(body)
 
 
 def run_requests(
     url, api_key, model, requests, max_tokens, temperature, concurrency, timeout, after_each=None
 ):
-    """Send every request with `concurrency` threads; return (completion_tokens, elapsed_s, errors).
+    """Send every request with `concurrency` threads; return (completion_tokens, elapsed_s, errors,
+    counts).
 
-    errors is a list of the VllmApiError of each failed request, in order. At concurrency 1, after_each()
-    (when given) is called after every request: the per-request counters are read there.
+    errors is a list of the VllmApiError of each failed request, in order; counts the spec_decode_counts
+    of each request's response, in order (None where the response had none, or the request failed). At
+    concurrency 1, after_each() (when given) is called after every request: the counters are read there.
     """
 
     def one(request):
         try:
-            return chat_once(url, api_key, model, request, max_tokens, temperature, timeout), None
+            tokens, counts = chat_once(url, api_key, model, request, max_tokens, temperature, timeout)
+            return tokens, counts, None
         except VllmApiError as exc:
-            return 0, exc
+            return 0, None, exc
 
     started = time.monotonic()
     if concurrency == 1:
@@ -131,7 +165,12 @@ def run_requests(
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
             results = list(pool.map(one, requests))
     elapsed = time.monotonic() - started
-    return sum(tokens for tokens, _error in results), elapsed, [error for _tokens, error in results if error]
+    return (
+        sum(tokens for tokens, _counts, _error in results),
+        elapsed,
+        [error for _tokens, _counts, error in results if error],
+        [counts for _tokens, counts, _error in results],
+    )
 
 
 def stream_once(url, api_key, model, request, max_tokens, temperature, timeout):

@@ -148,16 +148,12 @@ def window_metrics(before, after):
 
 
 def per_request_counts(snapshots):
-    """[drafts, accepted] of each request from the spec_series() read before the first and after each."""
-    counts = []
-    for before, after in zip(snapshots, snapshots[1:]):
-        counts.append(
-            [
-                _count(_total(after, DRAFTS) - _total(before, DRAFTS)),
-                _count(_total(after, ACCEPTED) - _total(before, ACCEPTED)),
-            ]
-        )
-    return counts
+    """[drafts, accepted, draft tokens] of each request from the spec_series() read before the first and
+    after each."""
+    return [
+        [_count(_total(after, name) - _total(before, name)) for name in (DRAFTS, ACCEPTED, DRAFT_TOKENS)]
+        for before, after in zip(snapshots, snapshots[1:])
+    ]
 
 
 def scrape(base_url, api_key, timeout):

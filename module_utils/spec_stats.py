@@ -1,14 +1,13 @@
 """How sure a speculative-decoding measurement is: confidence intervals from vLLM's spec-decode counts,
 and the gate's three-way verdict against a floor (standard library only; used on the box).
 
-The workload is a sample of requests, and at temperature 0 each request's outcome is fixed: the only
-chance in a measurement is which requests were sent. So where per-request counts exist (the smoke test
-reads the counters after every request at concurrency 1), the interval comes from the spread over
-requests: the ratio estimator sum(accepted) / sum(drafts), linearised, with Student's t for the few
-requests. Without them (concurrent requests), drafts are taken as independent: vLLM accepts a prefix of
-each draft (position i only when positions 0..i-1 were), so the per-position counts c_0 >= c_1 >= ... of
-D drafts give the whole distribution of accepted tokens per draft (exactly j accepted: c_{j-1} - c_j, with
-c_{-1} = D), and the mean acceptance length 1 + sum(c) / D is a mean over drafts with that spread.
+The workload is a sample of distinct requests, and at temperature 0 each request's outcome is fixed: the
+only chance in a measurement is which requests were sent. So the interval comes from the spread over
+requests - each request's own counts, read from its response (vLLM's per-request spec-decode metrics)
+or from the counters read after it at concurrency 1: the ratio estimator sum(accepted) / sum(drafts),
+linearised, with Student's t for the few requests. Drafts are never taken as independent: a prompt that
+suits the drafter suits it all the way, and such an interval covers far less than it claims. Without
+per-request counts, or with fewer than MIN_REQUESTS requests that drafted, there is no interval.
 """
 
 from __future__ import annotations
@@ -17,17 +16,21 @@ import math
 from statistics import NormalDist
 
 __all__ = [
+    "MIN_REQUESTS",
     "z_score",
     "t_score",
     "wilson",
-    "per_draft_counts",
-    "mean_length_interval",
+    "ratio_interval",
     "intervals",
+    "shown",
     "verdict",
     "floor_alpha",
     "floor_at_k",
     "rate_floor_at_k",
 ]
+
+# Fewer requests than this that drafted: the spread over so few says little, and no interval is given.
+MIN_REQUESTS = 5
 
 
 def z_score(confidence):
@@ -47,32 +50,6 @@ def wilson(successes, trials, z):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def per_draft_counts(drafts, accepted_per_position):
-    """Drafts with exactly 0, 1, ..., k accepted tokens, from the per-position counts (a prefix rule)."""
-    counts = []
-    above = drafts
-    for accepted in accepted_per_position:
-        counts.append(max(0, above - accepted))
-        above = accepted
-    counts.append(max(0, above))
-    return counts
-
-
-def _se_over_drafts(drafts, accepted_per_position):
-    """Standard error of the mean accepted tokens per draft, drafts taken as independent. One pseudo-draft
-    at each extreme (none and all accepted) enters the spread, not the mean, so that a sample with no
-    spread at all (every draft accepted in full) does not claim certainty."""
-    counts = per_draft_counts(drafts, accepted_per_position)
-    k = len(counts) - 1
-    mean = sum(j * n for j, n in enumerate(counts)) / drafts
-    spread = sum((j - mean) ** 2 * n for j, n in enumerate(counts)) + mean**2 + (k - mean) ** 2
-    return math.sqrt(spread / (drafts + 2) / drafts)
-
-
-# Fewer requests than this that drafted: the spread over so few says little; drafts are used instead.
-MIN_REQUESTS = 5
-
-
 def t_score(z, dof):
     """Student's t quantile for the normal quantile z and dof degrees of freedom (the Cornish-Fisher
     expansion to 1/dof^4, within 0.001 of the exact value from 4 degrees of freedom on at 95 %)."""
@@ -85,60 +62,59 @@ def t_score(z, dof):
     )
 
 
-def _se_over_requests(per_request):
-    """(standard error of sum(accepted) / sum(drafts), requests) over [(drafts, accepted), ...] (the ratio
-    estimator, linearised); None with fewer than MIN_REQUESTS requests that drafted."""
-    requests = [(d, a) for d, a in per_request if d > 0]
-    if len(requests) < MIN_REQUESTS:
-        return None
-    total_drafts = sum(d for d, _ in requests)
-    ratio = sum(a for _, a in requests) / total_drafts
-    residuals = sum((a - ratio * d) ** 2 for d, a in requests)
+def ratio_interval(pairs, z):
+    """(low, high) of sum(y) / sum(x) over [(x, y), ...] of the requests with x > 0 (the ratio estimator,
+    linearised, Student's t); None with fewer than MIN_REQUESTS such requests."""
+    requests = [(x, y) for x, y in pairs if x > 0]
     n = len(requests)
-    return math.sqrt(n / (n - 1) * residuals) / total_drafts, n
-
-
-def mean_length_interval(drafts, accepted_per_position, z, per_request=None):
-    """((low, high), method) of the mean acceptance length 1 + sum(accepted) / drafts: over requests
-    where at least MIN_REQUESTS per-request counts are given, else over drafts."""
-    mean = 1 + sum(accepted_per_position) / drafts
-    over_requests = _se_over_requests(per_request or [])
-    if over_requests is not None:
-        se, n = over_requests
-        half, method = t_score(z, n - 1) * se, "per request"
-    else:
-        half, method = z * _se_over_drafts(drafts, accepted_per_position), "per draft"
-    k = len(accepted_per_position)
-    return (max(1.0, mean - half), min(1.0 + k, mean + half)), method
+    if n < MIN_REQUESTS:
+        return None
+    total = sum(x for x, _ in requests)
+    ratio = sum(y for _, y in requests) / total
+    residuals = sum((y - ratio * x) ** 2 for x, y in requests)
+    half = t_score(z, n - 1) * math.sqrt(n / (n - 1) * residuals) / total
+    return ratio - half, ratio + half
 
 
 def intervals(window, confidence, per_request=None):
     """Intervals of a spec_smoke window (num_drafts, num_draft_tokens, num_accepted_tokens and
-    num_accepted_tokens_per_pos): {"mean_acceptance_length": [lo, hi], "acceptance_rate": [lo, hi],
-    "per_position_acceptance": [[lo, hi], ...], "confidence": c, "method": ...}; None without drafts.
+    num_accepted_tokens_per_pos) from the per-request counts [(drafts, accepted, draft_tokens), ...] of
+    distinct requests: {"confidence": c, "method": "per request" or None, "requests": requests that
+    drafted, "mean_acceptance_length": [lo, hi] or None, "acceptance_rate": [lo, hi] or None,
+    "per_position_acceptance": [[lo, hi], ...]}; None without drafts.
 
-    Each position is a binomial over drafts (Wilson). The acceptance rate, when every draft proposed the
-    same k tokens, is (mean acceptance length - 1) / k and takes that interval; otherwise Wilson over
-    draft tokens (which takes the tokens of a draft as independent, so it is narrower than the truth).
+    The mean acceptance length and the acceptance rate (accepted over draft tokens) take the ratio
+    estimator over requests; without per-request counts, or too few requests, they have none. Each
+    position's acceptance is shown with a Wilson interval over drafts, which takes the drafts as
+    independent: for reading, never for a verdict.
     """
     drafts = window["num_drafts"]
     positions = window["num_accepted_tokens_per_pos"]
     if not drafts or not positions:
         return None
     z = z_score(confidence)
-    (low, high), method = mean_length_interval(drafts, positions, z, per_request)
     k = len(positions)
-    if window["num_draft_tokens"] == k * drafts:
-        rate = [(low - 1) / k, (high - 1) / k]
-    else:
-        rate = list(wilson(window["num_accepted_tokens"], window["num_draft_tokens"], z))
+    counts = [tuple(request) for request in per_request or []]
+    length = ratio_interval([(d, a) for d, a, _tokens in counts], z)
+    rate = ratio_interval([(tokens, a) for _d, a, tokens in counts], z)
     return {
         "confidence": confidence,
-        "method": method,
-        "mean_acceptance_length": [low, high],
-        "acceptance_rate": rate,
+        "method": "per request" if length else None,
+        "requests": sum(1 for d, _a, _tokens in counts if d > 0),
+        "mean_acceptance_length": [max(1.0, 1 + length[0]), min(1.0 + k, 1 + length[1])] if length else None,
+        "acceptance_rate": [max(0.0, rate[0]), min(1.0, rate[1])] if rate else None,
         "per_position_acceptance": [list(wilson(count, drafts, z)) for count in positions],
     }
+
+
+def shown(value, interval=None):
+    """A figure with the digits its interval supports, and the interval: '3.37 [3.21, 3.52]'; 2 decimals
+    (and no interval) without one, up to 4 for a narrow one."""
+    if not interval:
+        return f"{value:.2f}"
+    half = (interval[1] - interval[0]) / 2
+    digits = 2 if half <= 0 else min(4, max(2, -math.floor(math.log10(half))))
+    return f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
 
 
 def verdict(interval, floor):

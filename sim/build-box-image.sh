@@ -25,10 +25,11 @@ case "$kind" in
   converged)
     base=localhost/specfleet-simbox:installed
     sim/build-box-image.sh installed
-    # Everything a deploy reads, and the drafter it ships (inventory/local's eagle3_drafter_source); the
-    # controller key is the installed image's, which its Id stands for.
+    # Everything a deploy reads, the drafter it ships and the gate's workload (inventory/local's
+    # eagle3_drafter_source, gate_workload_file); the controller key is the installed image's, which its
+    # Id stands for.
     inputs=(deploy.yml playbooks ansible.cfg roles library module_utils action_plugins filter_plugins
-      inventory/local build/sim-models/eagle3-known-3.4)
+      inventory/local build/sim-models/eagle3-known-3.4 build/sim-models/sim-workload.jsonl)
     key=/dev/null
     prepare=false
     deploy_args=()

@@ -21,6 +21,10 @@ Known acceptance between 0 and 1 at temperature 0 (see KNOWN ACCEPTANCE below; m
                   next token on a chosen part of it: the accepted count of every verification step, hence
                   the per-position acceptance and the mean acceptance length, is known in advance.
                   Each has a sim-theory.json with the expected figures for the gate's workload.
+  sim-workload.jsonl
+                  The sim profile's gate workload (inventory/local): chat requests whose prompts end on
+                  SIM_WORKLOAD_REQUESTS tokens spread over the cycle, so that each starts its own walk and
+                  the requests differ as real traffic does (built-in chat prompts all start the same walk).
 
 Needs only numpy, tokenizers and the standard library; safetensors files are written by hand.
 The output is byte-for-byte deterministic. A stamp file (this script's hash plus every output file's
@@ -428,6 +432,9 @@ PATTERN_K = 3
 # and a token-map target ignores all but the last prompt token, so all of them start the same walk.
 GATE_MAX_TOKENS = 64
 GATE_NUM_PROMPTS = 8
+SIM_WORKLOAD = "sim-workload.jsonl"
+# As many as the gate's budget (gate_max_prompts): each request once.
+SIM_WORKLOAD_REQUESTS = 32
 CHAT_LAST_TOKEN_TEXT = "\n"
 THEORY = "sim-theory.json"
 # The MLP's gate weight: silu(2 * sqrt(128)) * sqrt(128) = 256.0 (to bf16 precision), so down = +-1/256.
@@ -543,6 +550,56 @@ def pair_walk(tokenizer: Tokenizer, name: str, last_prompt_token: int, max_token
     return greedy_walk(target_next, draft, last_prompt_token, max_tokens, k, stop_ids)
 
 
+def sim_workload_tokens(tokenizer: Tokenizer) -> list[int]:
+    """The last prompt token of each sim workload request: evenly spaced over the cycle, so that any first
+    round of requests spreads over the whole drafter pattern."""
+    cycle = cycle_token_ids(tokenizer)
+    return [cycle[round(i * CYCLE_LENGTH / SIM_WORKLOAD_REQUESTS)] for i in range(SIM_WORKLOAD_REQUESTS)]
+
+
+def sim_workload_request(tokenizer: Tokenizer, token: int) -> dict:
+    """A chat request whose prompt ends on `token`: an assistant message continued (no end-of-turn, no
+    generation prompt after it), as the chat template renders it."""
+    return {
+        "messages": [
+            {"role": "user", "content": "Go on."},
+            {"role": "assistant", "content": tokenizer.decode([token])},
+        ],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+
+
+def build_sim_workload(out: Path, tokenizer: Tokenizer) -> None:
+    requests = [sim_workload_request(tokenizer, token) for token in sim_workload_tokens(tokenizer)]
+    (out / SIM_WORKLOAD).write_text("".join(json.dumps(request) + "\n" for request in requests))
+
+
+def sim_workload_theory(tokenizer: Tokenizer, name: str) -> dict:
+    """The sim workload's figures: each request's, the gate's first round and the whole budget."""
+    walks = [
+        pair_walk(tokenizer, name, token, GATE_MAX_TOKENS, PATTERN_K)
+        for token in sim_workload_tokens(tokenizer)
+    ]
+    return {
+        "what": "the sim profile's gate workload (inventory/local, gate_workload_file): chat requests whose "
+        "prompts end on tokens spread over the cycle, one walk each",
+        "file": SIM_WORKLOAD,
+        "first_round": GATE_NUM_PROMPTS,
+        "last_prompt_token_ids": sim_workload_tokens(tokenizer),
+        "per_request": [
+            [
+                len(walk["accepted_per_step"]),
+                sum(walk["accepted_per_position"]),
+                PATTERN_K * len(walk["accepted_per_step"]),
+            ]
+            for walk in walks
+        ],
+        "expected": theory(walks[:GATE_NUM_PROMPTS], PATTERN_K),
+        "all": theory(walks, PATTERN_K),
+    }
+
+
 def pair_theory(tokenizer: Tokenizer, name: str) -> dict:
     """sim-theory.json: the gate workload's expected figures, and how they depend on the prompt."""
     cycle = cycle_token_ids(tokenizer)
@@ -578,6 +635,7 @@ def pair_theory(tokenizer: Tokenizer, name: str) -> dict:
             "output_token_ids": walk["output"],
         },
         "expected": gate,
+        "sim_workload": sim_workload_theory(tokenizer, name),
         "any_prompt": {
             "what": "mean acceptance length of one request (max_tokens 64, k=3) by its last prompt token; "
             "any token outside cycle_token_ids gives the workload's figures above",
@@ -639,10 +697,12 @@ def build_known_drafter(model_dir: Path, tokenizer: Tokenizer, name: str) -> Non
 
 def file_hashes(out: Path, known_acceptance: bool = False) -> dict[str, str]:
     known = (TOKENMAP, *ACCEPT_PATTERNS) if known_acceptance else ()
+    files = [path for model in (TARGET, ACCEPT, RANDOM, *known) for path in sorted((out / model).rglob("*"))]
+    if known_acceptance:
+        files.append(out / SIM_WORKLOAD)
     return {
         str(path.relative_to(out)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for model in (TARGET, ACCEPT, RANDOM, *known)
-        for path in sorted((out / model).rglob("*"))
+        for path in files
         if path.is_file()
     }
 
@@ -686,6 +746,9 @@ def build(out: Path, force: bool = False, known_acceptance: bool = False) -> Non
         build_model(model_dir)
         size_kb = sum(path.stat().st_size for path in model_dir.iterdir()) // 1024
         print(f"sim model {model_dir}: built ({size_kb} KiB, {time.monotonic() - started:.2f} s)")
+    if known_acceptance:
+        build_sim_workload(out, tokenizer)
+        print(f"sim workload {out / SIM_WORKLOAD}: built ({SIM_WORKLOAD_REQUESTS} requests)")
     write_json(out / STAMP, {"script_sha256": script_hash, "files": file_hashes(out, known_acceptance)})
 
 

@@ -58,6 +58,13 @@ def theory(drafter):
     return json.loads((MODELS / drafter / "sim-theory.json").read_text())
 
 
+def gated(drafter):
+    """The figures the sim profile's gate measures in its first round (its workload file, sim-workload.jsonl:
+    requests that each start their own walk), with each request's [drafts, accepted, draft tokens]."""
+    workload = theory(drafter)["sim_workload"]
+    return {**workload["expected"], "per_request": workload["per_request"][: workload["first_round"]]}
+
+
 def one_chat(drafter, max_tokens):
     """(drafts, accepted tokens) of one chat completion of max_tokens at temperature 0: every chat prompt
     starts the same walk, whose verification steps the theory lists; the prefill gives the first token,

@@ -30,6 +30,7 @@ ON_THE_CONTROLLER = {
     "weights-keep",
     "impossible-rate-floor",
     "impossible-length-floor",
+    "concurrent-gate",
 }
 # The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
 pytestmark = pytest.mark.xdist_group("preflight")
@@ -152,6 +153,12 @@ def assert_stopped_untouched(run, box, reason):
             ["-e", "gate_min_mean_acceptance_length=4.5"],
             "gate_min_mean_acceptance_length=4.5 cannot be met: at k=3 a mean acceptance length lies from 1",
         ),
+        # Under concurrency the counters mix the requests: each response must carry its own figures.
+        (
+            ["-e", "gate_concurrency=4"],
+            "gate_concurrency=4 needs each response's own acceptance figures: serve with "
+            "--per-request-spec-decode-metrics summary in vllm_service_extra_args",
+        ),
         # The sim's target lies at the served path as a directory (sim/roles/sim_box).
         (
             list(WEIGHTS),
@@ -190,6 +197,7 @@ def assert_stopped_untouched(run, box, reason):
         "weights-keep",
         "impossible-rate-floor",
         "impossible-length-floor",
+        "concurrent-gate",
         "weights-served-directory",
         "weights-tp-heads",
     ],
@@ -238,8 +246,13 @@ GOOD_REQUEST = '{"messages": [{"role": "user", "content": "Why is the sky blue?"
             ],
             "line 2 samples (temperature 1.0): vLLM's CPU build ends its engine on a sampled request",
         ),
+        # One request pasted four times and another: two distinct requests, no interval.
+        (
+            [GOOD_REQUEST] * 4 + ['{"messages": [{"role": "user", "content": "Hi"}]}'],
+            "holds 2 distinct requests",
+        ),
     ],
-    ids=["not-jsonl", "no-messages", "past-the-context", "sampled-on-the-cpu-build"],
+    ids=["not-jsonl", "no-messages", "past-the-context", "sampled-on-the-cpu-build", "too-few-distinct"],
 )
 def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reason):
     """The operator's traffic file for the gate is read on the controller before anything changes."""

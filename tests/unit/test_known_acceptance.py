@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import script_module
 import vllm_wheels
-from ansible.module_utils import chat_load
+from ansible.module_utils import chat_load, spec_stats
 from tokenizers import Tokenizer
 
 SIM = Path(__file__).resolve().parents[2] / "sim"
@@ -84,7 +84,8 @@ def test_original_models_are_unchanged(models, tmp_path):
 
 def test_cli_builds_the_known_pairs_and_reruns_as_a_no_op(tmp_path, capsys):
     builder.main(["--out", str(tmp_path)])
-    assert capsys.readouterr().out.count("built") == len(ORIGINAL) + 1 + len(PAIRS)
+    # The models, and the sim workload.
+    assert capsys.readouterr().out.count("built") == len(ORIGINAL) + 1 + len(PAIRS) + 1
     builder.main(["--out", str(tmp_path)])
     assert "up to date" in capsys.readouterr().out
 
@@ -115,6 +116,60 @@ def test_theory_workload_is_the_gates(models, tokenizer):
         ids = chat_prompt_ids(models, tokenizer, prompt)
         assert ids[-1] == theory["workload"]["last_prompt_token_id"]
         assert ids[-1] not in theory["cycle_token_ids"]
+
+
+def continued_prompt_ids(models: Path, tokenizer: Tokenizer, request: dict) -> list[int]:
+    """A request with continue_final_message, as vLLM renders it: the template without a generation
+    prompt, cut right after the final message's content (no end of turn)."""
+    config = json.loads((models / "tokenmap" / "tokenizer_config.json").read_text())
+    text = jinja2.Template(config["chat_template"]).render(
+        messages=request["messages"], add_generation_prompt=False
+    )
+    final = request["messages"][-1]["content"]
+    return tokenizer.encode(text[: text.rindex(final) + len(final)]).ids
+
+
+def test_the_sim_workload_starts_a_walk_of_its_own_per_request(models, tokenizer):
+    """sim-workload.jsonl (the sim profile's gate workload): 32 distinct requests, each prompt ending on
+    its own cycle token, whose walks differ: the per-request figures the theory lists."""
+    requests = [json.loads(line) for line in (models / builder.SIM_WORKLOAD).read_text().splitlines()]
+    assert len(chat_load.distinct_requests(requests, 64, 0.0)) == len(requests) == 32
+    theory = json.loads((models / PAIRS[0] / builder.THEORY).read_text())["sim_workload"]
+    last = [continued_prompt_ids(models, tokenizer, request)[-1] for request in requests]
+    assert last == theory["last_prompt_token_ids"] and len(set(last)) == 32
+    assert set(last) <= set(json.loads((models / PAIRS[0] / builder.THEORY).read_text())["cycle_token_ids"])
+    for name in PAIRS:
+        workload = json.loads((models / name / builder.THEORY).read_text())["sim_workload"]
+        walks = [builder.pair_walk(tokenizer, name, token, 64, 3) for token in last]
+        assert workload["per_request"] == [
+            [len(w["accepted_per_step"]), sum(w["accepted_per_position"]), 3 * len(w["accepted_per_step"])]
+            for w in walks
+        ]
+        assert workload["expected"] == builder.theory(walks[: workload["first_round"]], 3)
+        assert len({1 + a / d for d, a, _t in workload["per_request"]}) > 1, name  # the requests differ
+
+
+@pytest.mark.parametrize(
+    ("name", "round_one"),
+    [
+        ("eagle3-known-1.4", "below"),
+        ("eagle3-known-2.18", "below"),  # 2.184 over the whole cycle: under the 2.2 floor, never passed
+        ("eagle3-known-2.2", "straddles"),  # 2.23 over the budget: more requests are needed to show it
+        ("eagle3-known-3.0", "above"),
+        ("eagle3-known-3.4", "above"),
+    ],
+)
+def test_the_sim_workload_gives_the_gate_an_interval_to_decide_on(models, name, round_one):
+    """The gate's first round of the sim workload, against the 2.2 floor at k=3, by the gate's own
+    interval (module_utils/spec_stats.py): a real width, and the pairs near the floor not passed at once."""
+    workload = json.loads((models / name / builder.THEORY).read_text())["sim_workload"]
+    first = workload["per_request"][: workload["first_round"]]
+    interval = spec_stats.intervals(workload["expected"], 0.95, first)["mean_acceptance_length"]
+    assert interval[0] < workload["expected"]["mean_acceptance_length"] < interval[1]
+    assert spec_stats.verdict(interval, 2.2) == round_one, interval
+    if round_one == "straddles":
+        whole = spec_stats.intervals(workload["all"], 0.95, workload["per_request"])["mean_acceptance_length"]
+        assert spec_stats.verdict(whole, 2.2) == "above", whole
 
 
 def test_the_walk_never_emits_special_tokens_and_detokenizes_to_words(models, tokenizer):

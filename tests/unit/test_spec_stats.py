@@ -1,8 +1,6 @@
 """module_utils/spec_stats.py: the intervals say what they claim (coverage measured by simulation) and the
 verdict is three-way. Simulations draw from known distributions with a fixed seed."""
 
-import math
-
 import numpy as np
 import pytest
 from ansible.module_utils import spec_stats
@@ -31,12 +29,6 @@ def test_wilson_textbook_value():
     assert low == 0.0 and 0 < high < 0.04
 
 
-def test_per_draft_counts_follow_the_prefix_rule():
-    # 10 drafts; 6 accepted position 0, 4 also position 1, 1 all three.
-    assert spec_stats.per_draft_counts(10, [6, 4, 1]) == [4, 2, 3, 1]
-    assert spec_stats.per_draft_counts(32, [32, 32, 32]) == [0, 0, 0, 32]
-
-
 def coverage(draw, truth, interval, trials=2000):
     rng = np.random.default_rng(7)
     hits = 0
@@ -62,63 +54,101 @@ def draft_counts(rng, drafts, per_position_p):
     return counts
 
 
-def test_mean_length_interval_covers_95_percent_for_independent_drafts():
-    conditional = [0.62, 0.67, 0.5]  # per-position 0.62 / 0.41 / 0.21: a Kimi-like drafter
-    truth = 1 + sum(math.prod(conditional[: i + 1]) for i in range(3))
-    cover = coverage(
-        lambda rng: draft_counts(rng, 232, conditional),
-        truth,
-        lambda counts: spec_stats.mean_length_interval(232, counts, Z95)[0],
-    )
-    assert 0.93 <= cover <= 0.97, cover
-
-
 def clustered(rng, requests=16, drafts=20):
-    """Requests whose drafter fit differs (a prompt that suits the drafter suits it all the way)."""
-    per_request, totals = [], [0, 0, 0]
+    """Per-request [drafts, accepted, draft tokens] of requests whose drafter fit differs (a prompt that
+    suits the drafter suits it all the way), as each response reports them (vLLM's per-request figures)
+    whatever the concurrency they were sent at."""
+    per_request = []
     for _ in range(requests):
         p = rng.choice([0.3, 0.9])
-        counts = draft_counts(rng, drafts, [p, p, p])
-        per_request.append((drafts, sum(counts)))
-        totals = [a + b for a, b in zip(totals, counts)]
-    return per_request, totals
+        per_request.append((drafts, sum(draft_counts(rng, drafts, [p, p, p])), 3 * drafts))
+    return per_request
 
 
-def test_the_spread_over_requests_gives_honest_coverage_where_drafts_alone_do_not():
-    truth = 1 + sum((0.3**i + 0.9**i) / 2 for i in (1, 2, 3))
-    drafts = 16 * 20
-
-    def per_draft(sample):
-        return spec_stats.mean_length_interval(drafts, sample[1], Z95)[0]
-
-    def both(sample):
-        (low, high), method = spec_stats.mean_length_interval(drafts, sample[1], Z95, per_request=sample[0])
-        assert method == "per request"
-        return low, high
-
-    naive, honest = coverage(clustered, truth, per_draft, 1000), coverage(clustered, truth, both, 1000)
-    assert naive < 0.85, naive  # drafts taken as independent claim far more certainty than there is
-    assert 0.90 <= honest <= 0.98, honest
+def window_of(per_request, k=3):
+    drafts = sum(d for d, _a, _t in per_request)
+    accepted = sum(a for _d, a, _t in per_request)
+    # The per-position split does not enter the mean length or the rate; any prefix-rule split will do.
+    positions = [max(0, min(drafts, accepted - i * drafts)) for i in range(k)]
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": sum(t for _d, _a, t in per_request),
+        "num_accepted_tokens": accepted,
+        "num_accepted_tokens_per_pos": positions,
+    }
 
 
-def test_a_sample_without_spread_does_not_claim_certainty():
-    (low, high), _ = spec_stats.mean_length_interval(16, [16, 16, 16], Z95)
-    assert high == 4.0 and 3.4 < low < 4.0
+TRUTH = 1 + sum((0.3**i + 0.9**i) / 2 for i in (1, 2, 3))
+
+
+def per_request_interval(per_request):
+    return spec_stats.intervals(window_of(per_request), 0.95, per_request)["mean_acceptance_length"]
+
+
+@pytest.mark.parametrize("requests", [8, 16, 32])
+def test_the_spread_over_requests_covers_what_it_claims(requests):
+    """Requests that differ, at concurrency 4 as at 1: each response's own counts give the interval, and it
+    covers the truth at least 93% of the time over redrawn workloads."""
+    cover = coverage(lambda rng: clustered(rng, requests), TRUTH, per_request_interval, 1000)
+    assert 0.93 <= cover <= 0.98, cover
+
+
+def test_drafts_taken_as_independent_would_claim_far_more_than_there_is():
+    """Why no interval comes from the drafts alone: the Wilson interval of the window's draft tokens
+    (what a gate without per-request counts has) covers the same truth far less often."""
+    rate_truth = (TRUTH - 1) / 3
+
+    def over_drafts(per_request):
+        window = window_of(per_request)
+        return spec_stats.wilson(window["num_accepted_tokens"], window["num_draft_tokens"], Z95)
+
+    assert coverage(clustered, rate_truth, over_drafts, 1000) < 0.6
+
+
+def test_too_few_requests_or_none_give_no_interval():
+    four = [(20, 30, 60)] * 4
+    result = spec_stats.intervals(window_of(four), 0.95, four)
+    assert (result["method"], result["requests"], result["mean_acceptance_length"]) == (None, 4, None)
+    assert result["acceptance_rate"] is None
+    assert spec_stats.intervals(window_of(four), 0.95, [])["requests"] == 0
+    # Requests that drafted nothing (a one-token answer) do not count.
+    assert spec_stats.intervals(window_of(four), 0.95, four + [(0, 0, 0)])["requests"] == 4
 
 
 def test_intervals_of_a_window():
-    window = {"num_drafts": 232, "num_draft_tokens": 696, "num_accepted_tokens": 288}
-    result = spec_stats.intervals({**window, "num_accepted_tokens_per_pos": [144, 96, 48]}, 0.95)
+    per_request = [(29, 36, 87), (29, 36, 87), (28, 33, 84), (30, 40, 90), (29, 35, 87), (29, 36, 87)]
+    window = {**window_of(per_request), "num_accepted_tokens_per_pos": [120, 60, 36]}
+    result = spec_stats.intervals(window, 0.95, per_request)
     low, high = result["mean_acceptance_length"]
-    assert low < 1 + 288 / 232 < high
-    assert result["acceptance_rate"] == [(low - 1) / 3, (high - 1) / 3]
-    assert result["per_position_acceptance"][0] == list(spec_stats.wilson(144, 232, Z95))
-    # Drafts of different lengths: the rate falls back to Wilson over draft tokens.
-    uneven = spec_stats.intervals(
-        {**window, "num_draft_tokens": 600, "num_accepted_tokens_per_pos": [144, 96, 48]}, 0.95
+    mean = 1 + 216 / 174
+    assert low < mean < high and high - low < 0.2
+    assert (result["method"], result["requests"]) == ("per request", 6)
+    rate_low, rate_high = result["acceptance_rate"]
+    assert rate_low < 216 / 522 < rate_high
+    # Every request drafted k tokens a draft: the rate is the mean length's interval, rescaled.
+    assert (rate_low, rate_high) == pytest.approx([(low - 1) / 3, (high - 1) / 3])
+    assert result["per_position_acceptance"][0] == list(spec_stats.wilson(120, 174, Z95))
+    # Requests that all walk alike have no spread: the interval is the point.
+    same = [(29, 36, 87)] * 6
+    assert (
+        spec_stats.intervals(window_of(same), 0.95, same)["mean_acceptance_length"]
+        == [pytest.approx(1 + 36 / 29)] * 2
     )
-    assert uneven["acceptance_rate"] == list(spec_stats.wilson(288, 600, Z95))
     assert spec_stats.intervals({**window, "num_drafts": 0, "num_accepted_tokens_per_pos": []}, 0.95) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "interval", "text"),
+    [
+        (3.3684210526315788, [3.3684210526315788, 3.3684210526315788], "3.37 [3.37, 3.37]"),
+        (3.3684210526315788, [3.21, 3.52], "3.37 [3.21, 3.52]"),
+        (2.184, [2.1806, 2.1874], "2.184 [2.181, 2.187]"),
+        (2.18412, [2.18411, 2.18413], "2.1841 [2.1841, 2.1841]"),
+        (0.7894736842105263, None, "0.79"),
+    ],
+)
+def test_a_figure_is_shown_with_the_digits_its_interval_supports(value, interval, text):
+    assert spec_stats.shown(value, interval) == text
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import types
 
 import pytest
 import speculation_gate as smoke
-from ansible.module_utils import chat_load, spec_metrics, vllm_api
+from ansible.module_utils import chat_load, spec_metrics, spec_stats, vllm_api
 from ansible.module_utils import prometheus_text as pt
 from ansible.module_utils.testing import patch_module_args
 
@@ -255,49 +255,89 @@ def test_model_name_filter_and_unlabelled_counters():
 # --- thresholds, reasons, speedup -------------------------------------------------------------------------
 
 FACTS = {
-    "acceptance_rate": 1.0,
-    "mean_acceptance_length": 4.0,
+    "acceptance_rate": 0.79,
+    "mean_acceptance_length": 3.3684210526315788,
+    "per_position_acceptance": [0.89, 0.79, 0.68],
     "tokens_per_second": 1234.0,
     "speedup": None,
     "errors": 0,
     "requests": 8,
+    "rounds": 1,
+    "concurrency": 1,
+    "per_request_source": "counters",
+    "intervals": {
+        "method": "per request",
+        "requests": 8,
+        "acceptance_rate": [0.7366, 0.8427],
+        "mean_acceptance_length": [3.21, 3.528],
+    },
 }
+# The same figures where the requests gave no interval.
+POINT = dict(
+    FACTS,
+    intervals=dict(
+        FACTS["intervals"], method=None, requests=3, acceptance_rate=None, mean_acceptance_length=None
+    ),
+)
 
 
 def test_evaluate_passes_without_thresholds():
     assert smoke.evaluate(FACTS, {}) == (
         True,
-        "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.0 tok/s",
+        "passed: acceptance 0.79 [0.74, 0.84], mean length 3.37 [3.21, 3.53], per position 0.89/0.79/0.68, "
+        "1234.0 tok/s, 8 distinct requests in 1 round",
     )
 
 
 def test_evaluate_passes_with_thresholds_speedup_and_errors():
-    facts = dict(FACTS, speedup=1.5234, errors=1)
-    thresholds = {"min_acceptance_rate": 1.0, "min_mean_acceptance_length": 2.2, "min_speedup": 1.2}
+    facts = dict(FACTS, speedup=1.5234, errors=1, rounds=2)
+    thresholds = {"min_acceptance_rate": 0.5, "min_mean_acceptance_length": 2.2, "min_speedup": 1.2}
     assert smoke.evaluate(facts, thresholds) == (
         True,
-        "passed: acceptance_rate 1.00, mean acceptance length 4.00, 1234.0 tok/s, speedup 1.52x,"
-        " 1 of 8 requests failed",
+        "passed: acceptance 0.79 [0.74, 0.84], mean length 3.37 [3.21, 3.53], per position 0.89/0.79/0.68, "
+        "1234.0 tok/s, speedup 1.52x, 8 distinct requests in 2 rounds, 1 of 8 requests failed",
     )
 
 
 def test_evaluate_reports_every_missed_threshold():
-    facts = dict(FACTS, acceptance_rate=0.0, mean_acceptance_length=1.0, speedup=0.61)
-    thresholds = {"min_acceptance_rate": 0.5, "min_mean_acceptance_length": 2.2, "min_speedup": 1.2}
+    facts = dict(FACTS, speedup=0.61)
+    thresholds = {"min_acceptance_rate": 0.9, "min_mean_acceptance_length": 3.6, "min_speedup": 1.2}
     assert smoke.evaluate(facts, thresholds) == (
         False,
-        "acceptance_rate 0.00 < min_acceptance_rate 0.50; "
-        "mean_acceptance_length 1.00 < min_mean_acceptance_length 2.20; speedup 0.61 < min_speedup 1.20",
+        "acceptance_rate 0.79 [0.74, 0.84] < min_acceptance_rate 0.90; "
+        "mean_acceptance_length 3.37 [3.21, 3.53] < min_mean_acceptance_length 3.60; "
+        "speedup 0.61 < min_speedup 1.20",
     )
 
 
 def test_evaluate_shows_enough_digits_to_tell_value_from_limit():
-    facts = dict(FACTS, acceptance_rate=0.4999)
-    assert smoke.evaluate(facts, {"min_acceptance_rate": 0.5}) == (
+    assert smoke.evaluate(dict(FACTS, speedup=1.1999), {"min_speedup": 1.2}) == (
         False,
-        "acceptance_rate 0.4999 < min_acceptance_rate 0.5000",
+        "speedup 1.1999 < min_speedup 1.2000",
     )
-    assert smoke.evaluate(dict(FACTS, acceptance_rate=0.5), {"min_acceptance_rate": 0.5})[0] is True
+    assert smoke.evaluate(dict(FACTS, speedup=1.2), {"min_speedup": 1.2})[0] is True
+
+
+def test_a_floor_without_an_interval_fails_saying_why_unless_the_point_figure_is_allowed():
+    floor = {"min_mean_acceptance_length": 2.2}
+    assert smoke.evaluate(POINT, floor) == (
+        False,
+        "mean_acceptance_length 3.37 not shown >= min_mean_acceptance_length 2.20: no interval, "
+        "3 distinct requests drafted, an interval needs 5 (add distinct requests to the workload, "
+        "or allow point_figure)",
+    )
+    concurrent = dict(POINT, per_request_source=None, concurrency=4)
+    assert smoke.evaluate(concurrent, floor)[1].endswith(
+        "no interval, no per-request figures from 8 requests at concurrency 4 (serve with "
+        "--per-request-spec-decode-metrics summary, or measure at concurrency 1)"
+    )
+    verdicts = smoke.judge(POINT, floor, point_figure=True)
+    assert verdicts == {"min_mean_acceptance_length": "above"}
+    assert smoke.evaluate(POINT, floor, verdicts) == (
+        True,
+        "passed: acceptance 0.79 (no interval), mean length 3.37 (no interval), per position 0.89/0.79/0.68, "
+        "1234.0 tok/s, 8 distinct requests in 1 round, judged on the point figures (point_figure)",
+    )
 
 
 def test_evaluate_unknown_speedup():
@@ -311,9 +351,17 @@ def test_throughput_and_speedup():
     assert smoke.throughput(0, 0.0, 100.0) == (0.0, None)
 
 
-def test_workload_cycles_through_the_prompts():
-    assert chat_load.workload(["a", "b", "c"], 7) == ["a", "b", "c", "a", "b", "c", "a"]
+def test_a_workload_never_sends_a_request_twice():
+    assert chat_load.workload(["a", "b", "c"], 7) == ["a", "b", "c"]
+    assert chat_load.workload(["a", "b", "c"], 2, start=2) == ["c", "a"]
     assert chat_load.workload(list(chat_load.DEFAULT_PROMPTS), 8) == list(chat_load.DEFAULT_PROMPTS[:8])
+
+
+def test_identical_requests_are_one():
+    hi = {"messages": [{"role": "user", "content": "hi"}]}
+    also_hi = {"max_tokens": 64, "temperature": 0.0, "messages": [{"content": "hi", "role": "user"}]}
+    longer = {**hi, "max_tokens": 128}
+    assert chat_load.distinct_requests([hi, also_hi, longer, hi], 64, 0.0) == [hi, longer]
 
 
 def test_default_prompts_are_varied_chat_prompts():
@@ -495,18 +543,20 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     reason = (
-        "passed: acceptance_rate 1.00 [0.94, 1.00], mean acceptance length 4.00 [3.82, 4.00], 256.0 tok/s"
+        "passed: acceptance 1.00 (no interval), mean length 4.00 (no interval), per position 1.00/1.00/1.00, "
+        "256.0 tok/s, 8 distinct requests in 1 round"
     )
     assert (result["passed"], result["reason"]) == (True, reason)
     facts = facts_of(result)
     # The fake answers the first scrape with "before" and every later one with "after": all of the
-    # window's drafts fall to the first request, so only the per-draft spread is known.
-    assert facts.pop("per_request") == [[32, 96]] + [[0, 0]] * 7
+    # window's drafts fall to the first request, and one request gives no interval.
+    assert facts.pop("per_request") == [[32, 96, 96]] + [[0, 0, 0]] * 7
     assert facts.pop("intervals") == {
         "confidence": 0.95,
-        "method": "per draft",
-        "mean_acceptance_length": [pytest.approx(3.8217, abs=1e-4), 4.0],
-        "acceptance_rate": [pytest.approx(0.9406, abs=1e-4), 1.0],
+        "method": None,
+        "requests": 1,
+        "mean_acceptance_length": None,
+        "acceptance_rate": None,
         "per_position_acceptance": [[pytest.approx(0.8928, abs=1e-4), 1.0]] * 3,
     }
     digest = chat_load.workload_digest(
@@ -519,6 +569,7 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "max_tokens": 64,
         "temperature": 0.0,
         "requests": 8,
+        "distinct_requests": 32,
         "errors": 0,
         "first_error": None,
         "completion_tokens": 512,
@@ -534,12 +585,15 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "per_position_acceptance": [1.0, 1.0, 1.0],
         "num_accepted_tokens_per_pos": [32, 32, 32],
         "workload_digest": digest,
+        "per_round": [[512, 2.0]],
+        "per_request_source": "counters",
         "k": None,
         "floors": {"min_acceptance_rate": None, "min_mean_acceptance_length": None, "min_speedup": None},
         "verdicts": {},
         "rounds": 1,
         "passed": True,
         "reason": reason,
+        "summary": reason.removeprefix("passed: "),
     }
     # At concurrency 1 the counters are read after every request too.
     assert fake.paths() == [("GET", "/health"), ("GET", "/v1/models"), ("GET", "/metrics")] + [
@@ -565,9 +619,15 @@ def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, run_mod
         smoke,
         {"base_url": url, "min_acceptance_rate": 0.5, "min_mean_acceptance_length": 2.2, "max_tokens": 32},
     )
+    # All of the window's drafts fall to one request (the fake's two scrapes): no interval, and more
+    # distinct requests were sent for one, up to the budget (one round here).
+    why = (
+        "no interval, 1 distinct request drafted, an interval needs 5 "
+        "(add distinct requests to the workload, or allow point_figure)"
+    )
     reason = (
-        "acceptance_rate 0.00 [0.00, 0.02] < min_acceptance_rate 0.50; "
-        "mean_acceptance_length 1.00 [1.00, 1.05] < min_mean_acceptance_length 2.20"
+        f"acceptance_rate 0.00 not shown >= min_acceptance_rate 0.50: {why}; "
+        f"mean_acceptance_length 1.00 not shown >= min_mean_acceptance_length 2.20: {why}"
     )
     assert result["failed"] is True
     assert (result["msg"], result["passed"], result["reason"]) == (reason, False, reason)
@@ -579,24 +639,29 @@ def test_main_random_drafter_fails_thresholds_and_keeps_the_facts(serve, run_mod
     assert (facts["passed"], facts["reason"]) == (False, reason)
 
 
-def test_main_two_engines_with_concurrency(serve, run_module):
+def test_concurrent_requests_without_their_own_figures_give_no_interval(serve, run_module):
+    """Under concurrency the counters mix the requests: the window is measured (two engines summed), but
+    a floor on acceptance has no interval to be judged on, and more requests would not give one."""
     fake = FakeVllm(["variant-two-engines-before.txt", "variant-two-engines-after.txt"])
     url = serve(fake)
-    prompts = ["What is 2 + 2?", "Name a prime number above 50.", "Say hi in Spanish."]
-    args = {"base_url": url, "model": "tiny", "prompts": prompts, "num_prompts": 6, "max_tokens": 10}
-    result = run_module(smoke, dict(args, concurrency=4, min_mean_acceptance_length=2.5))
-    assert result.get("failed") is not True, result
+    prompts = ["What is 2 + 2?", "Name a prime number above 50.", "Say hi in Spanish.", "Count to five."]
+    args = {"base_url": url, "model": "tiny", "prompts": prompts, "num_prompts": 4, "max_prompts": 32}
+    result = run_module(smoke, dict(args, concurrency=4, min_mean_acceptance_length=2.5, max_tokens=10))
+    assert result["failed"] is True, result
     facts = facts_of(result)
     assert facts["acceptance_rate"] == 156 / 216
     assert facts["mean_acceptance_length"] == 1 + 156 / 72
     assert facts["per_position_acceptance"] == [56 / 72, 52 / 72, 48 / 72]
-    assert (facts["requests"], facts["errors"], facts["completion_tokens"]) == (6, 0, 60)
-    assert facts["concurrency"] == 4
-    assert result["reason"].startswith(
-        "passed: acceptance_rate 0.72 [0.62, 0.82], mean acceptance length 3.17 [2.87, 3.46], "
+    assert (facts["requests"], facts["rounds"], facts["concurrency"]) == (4, 1, 4)
+    assert (facts["per_request"], facts["per_request_source"]) == ([], None)
+    assert result["msg"] == (
+        "mean_acceptance_length 3.17 not shown >= min_mean_acceptance_length 2.50: no interval, "
+        "no per-request figures from 4 requests at concurrency 4 "
+        "(serve with --per-request-spec-decode-metrics summary, or measure at concurrency 1)"
     )
-    assert sorted(chat["messages"][0]["content"] for chat in fake.chats()) == sorted(prompts * 2)
-    assert ("GET", "/v1/models") not in fake.paths()
+    assert sorted(chat["messages"][0]["content"] for chat in fake.chats()) == sorted(prompts)
+    # The counters are read before and after the round only.
+    assert fake.paths().count(("GET", "/metrics")) == 2
 
 
 def test_main_runs_in_check_mode(serve, run_module):
@@ -633,7 +698,7 @@ def test_a_schedule_that_did_not_take_fails_the_gate(serve, run_module, monkeypa
     def gate(schedule):
         ticks = iter([100.0, 102.0])
         monkeypatch.setattr(chat_load, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
-        url = serve(FakeVllm(["eagle3-accept-before.txt", "eagle3-accept-after.txt"]))
+        url = serve(CountingVllm([GOOD]))
         config = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": schedule}
         args = {"base_url": url, "speculative_config": config, "floors_at_k": 3}
         return run_module(smoke, dict(args, min_mean_acceptance_length=2.2))
@@ -651,7 +716,7 @@ def test_a_schedule_that_did_not_take_fails_the_gate(serve, run_module, monkeypa
 
 def test_main_speedup_pass_and_fail(serve, run_module, monkeypatch):
     for baseline, passed, reason_end in [
-        (128.0, True, "256.0 tok/s, speedup 2.00x"),
+        (128.0, True, "256.0 tok/s, speedup 2.00x, 8 distinct requests in 1 round"),
         (512.0, False, None),
     ]:
         ticks = iter([100.0, 102.0])
@@ -676,7 +741,7 @@ def test_main_speedup_pass_and_fail(serve, run_module, monkeypatch):
 def test_main_min_speedup_needs_a_baseline(run_module):
     result = run_module(smoke, {"min_speedup": 1.2})
     assert result["failed"] is True
-    assert result["msg"] == "missing parameter(s) required by 'min_speedup': baseline_tokens_per_second"
+    assert result["msg"] == "min_speedup needs a baseline: baseline_per_round or baseline_tokens_per_second"
 
 
 def test_main_api_key_missing(serve, run_module):
@@ -805,13 +870,14 @@ def test_main_counts_failed_requests(serve, run_module):
 def test_main_all_requests_fail(serve, run_module):
     fake = FakeVllm(["eagle3-accept-before.txt"], fail_prompts=["only prompt"])
     url = serve(fake)
-    result = run_module(smoke, {"base_url": url, "prompts": ["only prompt"], "num_prompts": 3})
+    result = run_module(smoke, {"base_url": url, "prompts": ["only prompt"] * 3, "num_prompts": 3})
     assert result["failed"] is True
+    # The same prompt three times is one request.
     assert result["msg"] == (
-        f"all 3 chat requests failed; first error: POST {url}/v1/chat/completions returned HTTP 500: "
+        f"all 1 chat requests failed; first error: POST {url}/v1/chat/completions returned HTTP 500: "
         + ENGINE_ERROR
     )
-    assert facts_of(result)["errors"] == 3
+    assert facts_of(result)["errors"] == 1
 
 
 def test_main_answer_without_usage_is_an_error(serve, run_module):
@@ -919,7 +985,8 @@ def test_documentation_matches_the_argument_spec_and_the_facts():
         "completion_tokens", "elapsed_s", "tokens_per_second", "baseline_tokens_per_second", "speedup",
         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_acceptance_length",
         "per_position_acceptance", "passed", "reason", "num_accepted_tokens_per_pos", "intervals",
-        "per_request", "verdicts", "rounds", "workload_digest", "k", "floors",
+        "per_request", "verdicts", "rounds", "workload_digest", "k", "floors", "summary", "distinct_requests",
+        "per_request_source", "per_round",
     }  # fmt: skip
     assert set(returned) == fact_keys
     assert isinstance(yaml.safe_load(smoke.EXAMPLES), list)
@@ -931,9 +998,43 @@ def test_baseline_mode_measures_throughput_without_spec_counters(serve, run_modu
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert (facts["requests"], facts["errors"], facts["completion_tokens"]) == (8, 0, 512)
-    assert facts["tokens_per_second"] == 256.0
+    assert facts["tokens_per_second"] == 256.0 and facts["per_round"] == [[512, 2.0]]
     assert result["reason"] == "baseline without speculation: 256.0 tok/s"
     assert "num_drafts" not in facts
+
+
+def ticking(monkeypatch, seconds):
+    """Each request phase (a round) takes the next of `seconds`."""
+    ticks = iter([at for spent in seconds for at in (0.0, spent)])
+    monkeypatch.setattr(chat_load, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
+
+
+def test_the_baseline_covers_the_budget_and_the_speedup_compares_the_same_rounds(
+    serve, run_module, monkeypatch
+):
+    """The baseline sends every distinct request the speculative arm may use, round by round; a verdict
+    after two rounds is over the baseline's first two rounds, the same requests."""
+    ticking(monkeypatch, [2.0, 4.0, 1.0, 1.0])
+    args = {"num_prompts": 4, "max_prompts": 16, "max_tokens": 10}
+    baseline = run_module(smoke, dict(args, base_url=serve(FakeVllm(["no-spec.txt"])), speculation=False))
+    facts = facts_of(baseline)
+    assert facts["requests"] == 16 and facts["per_round"] == [[40, 2.0], [40, 4.0], [40, 1.0], [40, 1.0]]
+    assert facts["tokens_per_second"] == 20.0  # 160 tokens over 8 s
+
+    # Rounds of 1 s each with speculation, until the interval clears the floor: against the baseline's
+    # same rounds (2 s and 4 s for the first two), not its whole budget.
+    ticking(monkeypatch, [1.0] * 4)
+    fake = CountingVllm([GOOD, POOR])
+    # Four requests give no interval yet (5 are needed): a second round.
+    gated = dict(args, base_url=serve(fake), min_mean_acceptance_length=2.2, min_speedup=1.2)
+    result = run_module(smoke, dict(gated, baseline_per_round=facts["per_round"]))
+    assert result.get("failed") is not True, result
+    spec = facts_of(result)
+    rounds = spec["rounds"]
+    assert rounds == 2 and spec["requests"] == 8, spec
+    same = facts["per_round"][:rounds]
+    assert spec["baseline_tokens_per_second"] == round(sum(r[0] for r in same) / sum(r[1] for r in same), 2)
+    assert spec["speedup"] == round(40.0 / spec["baseline_tokens_per_second"], 4)
 
 
 # --- intervals and measuring more, against counters that move with every request ----------------------------
@@ -982,6 +1083,44 @@ GOOD, POOR = [16, 14, 12], [10, 8, 4]
 BAD = [6, 2, 0]
 
 
+class ReportingVllm(CountingVllm):
+    """Each response carries its request's own figures, as vLLM 0.32 served with
+    --per-request-spec-decode-metrics summary does (metrics.speculative_decoding)."""
+
+    def answer(self, method, path, headers, body):
+        status, kind, text = super().answer(method, path, headers, body)
+        if path == "/v1/chat/completions" and status == 200:
+            with self.lock:
+                per_pos = self.outcomes[(self.answered - 1) % len(self.outcomes)]
+            answer = json.loads(text)
+            answer["metrics"] = {
+                "speculative_decoding": {
+                    "num_spec_steps": self.drafts,
+                    "num_accepted_draft_tokens": sum(per_pos),
+                    "num_draft_tokens": 3 * self.drafts,
+                    "num_spec_tokens": 3,
+                }
+            }
+            text = json.dumps(answer)
+        return status, kind, text
+
+
+def test_concurrent_requests_are_judged_on_their_own_figures(serve, run_module):
+    """At concurrency 4 each response's own counts give the interval, the same ratio estimator as at
+    concurrency 1 (tests/unit/test_spec_stats.py measures its coverage on requests that differ)."""
+    fake = ReportingVllm([GOOD, POOR])
+    args = {"base_url": serve(fake), "num_prompts": 8, "max_prompts": 32, "concurrency": 4}
+    result = run_module(smoke, dict(args, min_mean_acceptance_length=2.6))
+    assert result.get("failed") is not True, result
+    facts = facts_of(result)
+    assert facts["per_request_source"] == "responses"
+    # Which response came back with which outcome depends on the threads; the counts are the pair's.
+    assert sorted(facts["per_request"]) == sorted([[16, 42, 48], [16, 22, 48]] * (facts["requests"] // 2))
+    assert facts["intervals"] == spec_stats.intervals(facts, 0.95, facts["per_request"])
+    low, high = facts["intervals"]["mean_acceptance_length"]
+    assert 2.6 <= low < 3.0 < high and facts["rounds"] > 1, facts
+
+
 def test_straddling_interval_measures_more_until_it_clears_the_floor(serve, run_module):
     fake = CountingVllm([GOOD, POOR])
     args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "min_mean_acceptance_length": 2.6}
@@ -989,7 +1128,7 @@ def test_straddling_interval_measures_more_until_it_clears_the_floor(serve, run_
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert facts["rounds"] > 1 and facts["requests"] == 6 * facts["rounds"] <= 32, facts
-    assert facts["per_request"] == [[16, 42], [16, 22]] * (facts["requests"] // 2)
+    assert facts["per_request"] == [[16, 42, 48], [16, 22, 48]] * (facts["requests"] // 2)
     assert facts["mean_acceptance_length"] == 3.0
     assert facts["intervals"]["method"] == "per request"
     low, high = facts["intervals"]["mean_acceptance_length"]
@@ -1010,15 +1149,15 @@ def test_interval_still_straddling_when_the_budget_is_spent_fails(serve, run_mod
     assert facts["verdicts"] == {"min_mean_acceptance_length": "straddles"}
     assert result["msg"] == (
         f"mean_acceptance_length 3.00 [{low:.2f}, {high:.2f}] not shown >= min_mean_acceptance_length 2.90 "
-        "after 8 requests (interval straddles the floor, budget spent)"
+        "after 8 distinct requests (interval straddles the floor, budget spent)"
     )
 
 
 def test_interval_below_the_floor_fails_at_once(serve, run_module):
-    args = {"base_url": serve(CountingVllm([BAD])), "num_prompts": 4, "max_prompts": 32}
+    args = {"base_url": serve(CountingVllm([BAD])), "num_prompts": 5, "max_prompts": 32}
     result = run_module(smoke, dict(args, min_mean_acceptance_length=2.2))
     facts = facts_of(result)
-    assert result["failed"] is True and (facts["rounds"], facts["requests"]) == (1, 4)
+    assert result["failed"] is True and (facts["rounds"], facts["requests"]) == (1, 5)
     low, high = facts["intervals"]["mean_acceptance_length"]
     assert high < 2.2
     assert result["msg"] == (
@@ -1047,19 +1186,20 @@ def test_operator_requests_are_the_workload(serve, run_module):
             "top_p": 0.9,
         },
     ]
-    result = run_module(smoke, {"base_url": serve(fake), "requests": requests, "num_prompts": 3})
+    # Each request once, though the round asks for three: a repeat would count as a sample it is not.
+    result = run_module(smoke, {"base_url": serve(fake), "requests": requests * 2, "num_prompts": 3})
     assert result.get("failed") is not True, result
     sent = fake.chats()
-    assert [chat["messages"] for chat in sent] == [r["messages"] for r in (requests * 2)[:3]]
+    assert [chat["messages"] for chat in sent] == [r["messages"] for r in requests]
     assert [(c["max_tokens"], c["temperature"], c.get("top_p")) for c in sent] == [
         (64, 0.0, None),
         (16, 0.5, 0.9),
-        (64, 0.0, None),
     ]
     assert all(c["model"] == "tiny" and c["stream"] is False for c in sent)
-    digest = facts_of(result)["workload_digest"]
-    assert digest == chat_load.workload_digest((requests * 2)[:3], 64, 0.0)
-    assert digest != chat_load.workload_digest((requests * 2)[:3], 32, 0.0)
+    facts = facts_of(result)
+    assert (facts["requests"], facts["distinct_requests"]) == (2, 2)
+    assert facts["workload_digest"] == chat_load.workload_digest(requests, 64, 0.0)
+    assert facts["workload_digest"] != chat_load.workload_digest(requests, 32, 0.0)
 
 
 @pytest.mark.parametrize(
