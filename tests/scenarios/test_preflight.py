@@ -31,6 +31,7 @@ ON_THE_CONTROLLER = {
     "impossible-rate-floor",
     "impossible-length-floor",
     "concurrent-gate",
+    "drafter-bypassed",
 }
 # The preflight box is light (no vLLM): it shares a worker with nothing else of its own.
 pytestmark = pytest.mark.xdist_group("preflight")
@@ -159,6 +160,16 @@ def assert_stopped_untouched(run, box, reason):
             "gate_concurrency=4 needs each response's own acceptance figures: serve with "
             "--per-request-spec-decode-metrics summary in vllm_service_extra_args",
         ),
+        # A fixed drafter path beside a drafter source: the shipped releases would never serve.
+        (
+            [
+                "-e",
+                '{"vllm_service_speculative_config": {"method": "eagle3", "model": "/models/drafters/fixed", '
+                '"num_speculative_tokens": 3}}',
+            ],
+            "vllm_service_speculative_config serves the drafter /models/drafters/fixed, not "
+            "/srv/drafters/current where eagle3_drafter_source's releases are served",
+        ),
         # The sim's target lies at the served path as a directory (sim/roles/sim_box).
         (
             list(WEIGHTS),
@@ -198,6 +209,7 @@ def assert_stopped_untouched(run, box, reason):
         "impossible-rate-floor",
         "impossible-length-floor",
         "concurrent-gate",
+        "drafter-bypassed",
         "weights-served-directory",
         "weights-tp-heads",
     ],
