@@ -290,10 +290,15 @@ def gpus_and_driver(module):
     return [row[0] for row in rows], ",".join(sorted({row[-1] for row in rows}))
 
 
+def workload_requests(params):
+    """The workload's distinct requests (identical ones are one), in order: what a cell sends from."""
+    return distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
+
+
 def identity(module):
     params = module.params
     gpus, driver = gpus_and_driver(module)
-    requests = distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
+    requests = workload_requests(params)
     base = {key: value for key, value in params["speculative_config"].items() if key != SCHEDULE_KEY}
     return {
         **params["identity"],
@@ -393,7 +398,7 @@ def measure(module):
     url, key, k = params["base_url"].rstrip("/"), params["api_key"], params["k"]
     check_healthy(url, api_key=key, timeout=params["timeout"])
     chat = url + "/v1/chat/completions"
-    requests = distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
+    requests = workload_requests(params)
     # The first request after a start pays for warm-up (allocations, caches): not part of any cell.
     load_cell(chat, key, params["model"], requests[:1], params["max_tokens"], 1, params["timeout"])
     rows, start = [], 0
