@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.vllm_api import HttpError, VllmApiError, excerpt, post_json, post_stream
+from ansible.module_utils.workload_file import distinct_requests
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -73,22 +74,6 @@ def chat_requests(requests=None, prompts=None):
     if requests is not None:
         return [dict(request) for request in requests]
     return [{"messages": [{"role": "user", "content": prompt}]} for prompt in prompts or DEFAULT_PROMPTS]
-
-
-def distinct_requests(requests, max_tokens, temperature):
-    """The requests without repeats, in first-seen order: bodies that are the same once the defaults
-    (max_tokens, temperature) are filled in are one request."""
-    seen, distinct = set(), []
-    for request in requests:
-        body = json.dumps(
-            {"max_tokens": max_tokens, "temperature": temperature, **request},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        if body not in seen:
-            seen.add(body)
-            distinct.append(request)
-    return distinct
 
 
 def workload(items, count, start=0):

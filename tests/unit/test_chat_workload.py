@@ -5,6 +5,7 @@ import json
 
 import chat_workload
 import pytest
+from driver import run_playbook
 
 REQUESTS = [
     {
@@ -103,3 +104,34 @@ def test_a_missing_file(tmp_path, run_module):
         result["msg"]
         == f"cannot read the workload file {tmp_path / 'nowhere.jsonl'}: No such file or directory"
     )
+
+
+def read_on_the_controller(tmp_path, args):
+    """chat_workload as preflight runs it on the controller (its action); the run and the task's result."""
+    playbook = tmp_path / "read.yml"
+    play = {
+        "hosts": "localhost",
+        "connection": "local",
+        "gather_facts": False,
+        "tasks": [{"chat_workload": args}],
+    }
+    playbook.write_text(json.dumps([play]))
+    run = run_playbook(playbook, inventory="localhost,")
+    return run, run.one(host="localhost", action="chat_workload")
+
+
+def test_on_the_controller_it_runs_in_the_worker_as_the_module_would(tmp_path, run_module):
+    path = write(tmp_path, [json.dumps(r) for r in REQUESTS] + [json.dumps(REQUESTS[0])])
+    run, result = read_on_the_controller(tmp_path, {"path": str(path), "max_tokens": 48})
+    assert run.ok, str(run)
+    # No module ran: a module's result carries its invocation.
+    module = run_module(chat_workload, {"path": str(path), "max_tokens": 48})
+    assert "invocation" not in result.result and "invocation" in module
+    fields = ("changed", "requests", "count", "distinct", "sha256")
+    assert {k: result.result[k] for k in fields} == {k: module[k] for k in fields}
+    assert (result.result["count"], result.result["distinct"]) == (3, 2)
+    run, _ = read_on_the_controller(tmp_path, {"path": str(path), "min_distinct": 5})
+    assert not run.ok and run.failures() == [
+        f"{path} holds 2 distinct requests in 3: the measurement needs at least 5 (identical requests count "
+        "once, at temperature 0 a repeat repeats its outcome)"
+    ], str(run)
