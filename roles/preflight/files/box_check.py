@@ -1,15 +1,18 @@
 """What preflight reads on the box, in one call (the box's Python, standard library).
 
 argv[1], JSON: disk_paths (free space of each), paths (what each is), ports with the unit allowed to
-hold them, and config (a JSON file to read, or null). Prints JSON:
+hold them, config (a JSON file to read, or null) and python (the interpreter vLLM's virtualenv is made
+with). Prints JSON:
   free:   {path: bytes available to unprivileged users, as df counts them, or the reason it cannot tell}
   paths:  {path: "link", "directory", "file" or null (absent)}
   ports:  {port: null when free or held only by the unit's processes, else who holds it}
   config: the file's JSON, or null when there is no such file
+  python: {version: that interpreter's "X.Y.Z", or null where the box has none by that name, machine}
 """
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -66,6 +69,19 @@ def config(path):
         return None
 
 
+def python(name):
+    try:
+        version = subprocess.run(
+            [name, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        version = None
+    return {"version": version, "machine": platform.machine()}
+
+
 want = json.loads(sys.argv[1])
 print(
     json.dumps(
@@ -74,6 +90,7 @@ print(
             "paths": {path: kind(path) for path in want["paths"]},
             "ports": {str(port): port_holder(port, want["unit"]) for port in want["ports"]},
             "config": config(want["config"]) if want["config"] else None,
+            "python": python(want["python"]),
         }
     )
 )
