@@ -43,11 +43,11 @@ if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
   printf '%s\n' "$want" > "$conf"
 fi
 
-# One virtualenv per content of requirements.txt, in the cache: a fresh clone links it as .venv
+# One virtualenv per content of the requirements files, in the cache: a fresh clone links it as .venv
 # instead of installing again. A virtualenv cannot move, so it is built where it stays; the stamp,
 # written last, says it is complete.
 cache_dir="${SPECFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specfleet}"
-venv="$cache_dir/venv-$(sha256sum requirements.txt | cut -c1-16)"
+venv="$cache_dir/venv-$(cat requirements.txt requirements-runtime.txt | sha256sum | cut -c1-16)"
 if [ ! -e "$venv/.complete" ]; then
   step "venv: installing requirements.txt into $venv"
   rm -rf "$venv"
