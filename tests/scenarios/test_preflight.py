@@ -307,6 +307,30 @@ def test_a_driver_too_old_for_the_release_stops_in_preflight(box, deploy, tmp_pa
     )
 
 
+def test_weights_without_room_on_their_volume_stop_in_preflight(box, deploy):
+    """The weights to ship against the free space where their releases go (here the box's 64 MB /dev/shm,
+    filled to under their 2.3 MB), before anything changes."""
+    box.sh("dd if=/dev/zero of=/dev/shm/filler bs=1M count=62 status=none")
+    try:
+        run = deploy(
+            *WEIGHTS,
+            "-e",
+            "vllm_service_model_path=/srv/models/shipped",
+            "-e",
+            "model_weights_releases_dir=/dev/shm/tokenmap.releases",
+        )
+    finally:
+        box.sh("rm -f /dev/shm/filler")
+    assert_stopped_untouched(
+        run, box, f"/dev/shm/tokenmap.releases on {HOST}: the weights to ship take 2.25 MB, and "
+    )
+    assert (
+        "is free there (model_weights_releases_dir: put the releases on a larger volume"
+        in run.failures(HOST)[0]
+    )
+    assert not box.exists("/dev/shm/tokenmap.releases")
+
+
 def test_a_box_another_deploy_holds_is_left_alone(box, deploy):
     """One deploy at a time per box: a second run says who holds the lock, in one line; nothing changes."""
     lock = "/var/lib/specfleet/deploy.lock"

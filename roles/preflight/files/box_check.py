@@ -1,13 +1,15 @@
 """What preflight reads on the box, in one call (the box's Python, standard library).
 
 argv[1], JSON: disk_paths (free space of each), paths (what each is), ports with the unit allowed to
-hold them, config (a JSON file to read, or null) and python (the interpreter vLLM's virtualenv is made
-with). Prints JSON:
+hold them, config (a JSON file to read, or null), python (the interpreter vLLM's virtualenv is made
+with) and release (a release to ship, {releases, release_id}, or null). Prints JSON:
   free:   {path: bytes available to unprivileged users, as df counts them, or the reason it cannot tell}
   paths:  {path: "link", "directory", "file" or null (absent)}
   ports:  {port: null when free or held only by the unit's processes, else who holds it}
   config: the file's JSON, or null when there is no such file
   python: {version: that interpreter's "X.Y.Z", or null where the box has none by that name, machine}
+  release: {published: whether <releases>/<release_id> exists, staged: bytes already in its .partial (an
+           interrupted transfer resumes there), free: bytes free where <releases> is or will be}, or null
 """
 
 import json
@@ -82,6 +84,21 @@ def python(name):
     return {"version": version, "machine": platform.machine()}
 
 
+def release(releases, release_id):
+    """Where a release to ship would go: whether it is there, what is staged of it, the room for it."""
+    staged = 0
+    for root, _, files in os.walk(os.path.join(releases, f"{release_id}.partial")):
+        staged += sum(os.lstat(os.path.join(root, name)).st_size for name in files)
+    existing = releases
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return {
+        "published": os.path.isdir(os.path.join(releases, release_id)),
+        "staged": staged,
+        "free": free_bytes(existing),
+    }
+
+
 want = json.loads(sys.argv[1])
 print(
     json.dumps(
@@ -91,6 +108,7 @@ print(
             "ports": {str(port): port_holder(port, want["unit"]) for port in want["ports"]},
             "config": config(want["config"]) if want["config"] else None,
             "python": python(want["python"]),
+            "release": release(**want["release"]) if want["release"] else None,
         }
     )
 )
