@@ -21,7 +21,13 @@ description:
   - With I(speculative_config), every key of that dict must be one of those fields, else the module
     fails with one line naming the unknown keys and the release (vLLM refuses them at start-up). A
     release whose engine arguments turn C(-) into C(_) in C(--speculative-config) keys (0.32 and 0.33
-    do, 0.16 and 0.17 do not) also accepts a key spelled with dashes.
+    do, 0.16 and 0.17 do not) also accepts a key spelled with dashes. Its C(method), where the file
+    declares the C(SpeculativeMethod) type (its C(Literal) aliases expanded), must be one of those.
+  - "With I(architectures) (the target model's C(config.json) C(architectures)), each must be a key of one
+    of the module-level C(_*_MODELS) dicts of C(vllm/model_executor/models/registry.py), the retired
+    (C(_PREVIOUSLY_SUPPORTED_MODELS)) and out-of-tree (C(_OOT_SUPPORTED_MODELS)) ones left out: else the
+    module fails with one line naming them (vLLM cannot load the model). A release without that file is
+    not checked."
   - Changes nothing; C(changed) is always C(false).
 options:
   path:
@@ -34,6 +40,12 @@ options:
     description:
       - The speculative config vLLM will get (C(--speculative-config)); only its keys are checked.
     type: dict
+  architectures:
+    description:
+      - The target model's architectures, as its C(config.json) lists them; an empty list checks none.
+    type: list
+    elements: str
+    default: []
   version:
     description:
       - The release expected at I(path), such as the pinned version. When I(path) holds another release
@@ -124,6 +136,17 @@ ansible_facts:
           type: list
           elements: str
           sample: [enforce_eager, num_speculative_tokens, model, method, draft_tensor_parallel_size]
+        speculative_methods:
+          description: The methods C(SpeculativeConfig) accepts, sorted; null where its file does not say.
+          type: list
+          elements: str
+          sample: [draft_model, eagle, eagle3, medusa, mlp_speculator, ngram, suffix]
+        unregistered_architectures:
+          description: The given I(architectures) the release does not run (null where it has no registry).
+          returned: when I(architectures) is given
+          type: list
+          elements: str
+          sample: []
         accepts_dashed_keys:
           description: Whether the release turns C(-) into C(_) in the keys of C(--speculative-config).
           type: bool
@@ -161,6 +184,13 @@ from ansible.module_utils.basic import AnsibleModule
 SPECULATIVE_SOURCES = ("vllm/config/speculative.py", "vllm/config/__init__.py", "vllm/config.py")
 # EngineArgs.create_speculative_config, where --speculative-config becomes SpeculativeConfig(**keys).
 ARG_UTILS = "vllm/engine/arg_utils.py"
+# The model registry: each module-level _*_MODELS dict maps the architectures a release runs to its code.
+REGISTRY = "vllm/model_executor/models/registry.py"
+# Registry dicts of architectures the release does not run itself: retired ones (kept to say so) and those
+# only an out-of-tree plugin brings.
+NOT_RUN_REGISTRIES = {"_PREVIOUSLY_SUPPORTED_MODELS", "_OOT_SUPPORTED_MODELS"}
+# The Literal type alias of the speculative methods SpeculativeConfig's `method` accepts (0.10 and later).
+METHODS_ALIAS = "SpeculativeMethod"
 # A RECORD line of the distribution that installed the package (an alias dist-info has no RECORD).
 OWNER_RECORD = re.compile(rb"^vllm/__init__\.py,", re.M)
 # Decorators that make SpeculativeConfig a dataclass: the standard one, and vLLM's pydantic @config.
@@ -324,17 +354,70 @@ def parse(source, where):
         raise ReleaseError(f"{where}: not Python this Python parses ({exc.msg}, line {exc.lineno})") from None
 
 
-def read_speculative_fields(release):
-    """(fields, source): SpeculativeConfig's init fields and the file they were read from."""
+def read_speculative_config(release):
+    """(fields, methods, source): SpeculativeConfig's init fields, the speculative methods it accepts (None
+    where its file declares no SpeculativeMethod) and the file they were read from."""
     for name in SPECULATIVE_SOURCES:
         source = release.read(name)
         if source is None:
             continue
         where = release.where(name)
-        for node in parse(source, where).body:
+        tree = parse(source, where)
+        for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
-                return init_fields(node, where), where
+                return init_fields(node, where), literal_values(tree, METHODS_ALIAS), where
     raise ReleaseError(f"no class SpeculativeConfig in {release.location} ({', '.join(SPECULATIVE_SOURCES)})")
+
+
+def _assignments(tree):
+    """(name, value) of the module's top-level assignments to one name (annotated or not)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            yield node.targets[0].id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            yield node.target.id, node.value
+
+
+def literal_values(tree, alias):
+    """The strings a module-level `alias = Literal[...]` allows, other such aliases in it expanded; None
+    where the module has no such alias."""
+    literals = {
+        name: value.slice
+        for name, value in _assignments(tree)
+        if isinstance(value, ast.Subscript) and _name(value.value) == "Literal"
+    }
+
+    def expand(name, seen):
+        if name not in literals or name in seen:
+            return []
+        items = literals[name].elts if isinstance(literals[name], ast.Tuple) else [literals[name]]
+        values = []
+        for item in items:
+            if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                values.append(item.value)
+            elif isinstance(item, ast.Name):
+                values.extend(expand(item.id, seen | {name}))
+        return values
+
+    return sorted(set(expand(alias, frozenset()))) if alias in literals else None
+
+
+def read_architectures(release):
+    """The model architectures the release runs (the string keys of its registry's _*_MODELS dicts, the
+    retired and out-of-tree ones left out), or None where it has no registry file."""
+    source = release.read(REGISTRY)
+    if source is None:
+        return None
+    return {
+        key.value
+        for name, value in _assignments(parse(source, release.where(REGISTRY)))
+        if name.startswith("_")
+        and name.endswith("_MODELS")
+        and name not in NOT_RUN_REGISTRIES
+        and isinstance(value, ast.Dict)
+        for key in value.keys
+        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+    }
 
 
 def accepts_dashed_keys(release):
@@ -353,22 +436,30 @@ def accepts_dashed_keys(release):
     return False
 
 
-def read_release(path, version=None):
-    """The vllm_release fact for `path`. ReleaseNotFound when there is no release, or (with `version`)
-    when the release there is another one; ReleaseError when it cannot be read."""
+def read_release(path, version=None, architectures=()):
+    """The vllm_release fact for `path` (with the `architectures` its registry does not run, where some are
+    given). ReleaseNotFound when there is no release, or (with `version`) when the release there is another
+    one; ReleaseError when it cannot be read."""
     with open_release(path) as release:
         distribution, found = read_distribution(release)
         if version is not None and found != version:
             raise ReleaseNotFound(f"{path} holds vLLM {found}, not {version}")
-        fields, source = read_speculative_fields(release)
-        return {
+        fields, methods, source = read_speculative_config(release)
+        facts = {
             "path": path,
             "distribution": distribution,
             "version": found,
             "source": source,
             "speculative_config_fields": fields,
+            "speculative_methods": methods,
             "accepts_dashed_keys": accepts_dashed_keys(release),
         }
+        if architectures:
+            registered = read_architectures(release)
+            facts["unregistered_architectures"] = (
+                None if registered is None else sorted(set(architectures) - registered)
+            )
+        return facts
 
 
 def unknown_keys(keys, facts):
@@ -391,12 +482,13 @@ def main():
             "path": {"type": "path", "required": True},
             "speculative_config": {"type": "dict"},
             "version": {"type": "str"},
+            "architectures": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     params = module.params
     try:
-        facts = read_release(params["path"], params["version"])
+        facts = read_release(params["path"], params["version"], params["architectures"])
     except ReleaseNotFound as exc:
         if params["version"] is None:
             module.fail_json(msg=str(exc))
@@ -405,10 +497,27 @@ def main():
         module.fail_json(msg=str(exc))
 
     result = {"changed": False, "ansible_facts": {"vllm_release": facts}}
+    if facts.get("unregistered_architectures"):
+        module.fail_json(
+            msg=(
+                f"model architecture(s) {', '.join(facts['unregistered_architectures'])} not run by vLLM "
+                f"{facts['version']} (its {REGISTRY}): vLLM cannot load the model"
+            ),
+            **result,
+        )
     if params["speculative_config"] is not None:
         result["unknown_keys"] = unknown_keys(params["speculative_config"], facts)
         if result["unknown_keys"]:
             module.fail_json(msg=unknown_keys_message(result["unknown_keys"], facts), **result)
+        method = params["speculative_config"].get("method")
+        if facts["speculative_methods"] is not None and method and method not in facts["speculative_methods"]:
+            module.fail_json(
+                msg=(
+                    f"speculative method {method} unknown to vLLM {facts['version']} ({METHODS_ALIAS} in "
+                    f"{facts['source']}): vLLM refuses it at start-up"
+                ),
+                **result,
+            )
     module.exit_json(**result)
 
 

@@ -127,6 +127,10 @@ def assert_stopped_untouched(run, box, reason):
             ["-e", '{"eagle3_drafter_speculative_extra": {"bogus_key": 1, "prompt_lookup_max": 4}}'],
             "speculative config key(s) bogus_key unknown to vLLM 0.32.0",
         ),
+        (
+            ["-e", '{"eagle3_drafter_speculative_extra": {"method": "eagle4"}}'],
+            "speculative method eagle4 unknown to vLLM 0.32.0 (SpeculativeMethod in ",
+        ),
         # A real speculators-format config, trained for 5 tokens.
         (
             ["-e", f"eagle3_drafter_source={SPECULATORS_DRAFTER}", "-e", "spec_tune_max_k=6"],
@@ -202,6 +206,7 @@ def assert_stopped_untouched(run, box, reason):
         "port-range",
         "environment-newline",
         "speculative-key",
+        "speculative-method",
         "k-above-trained",
         "schedule-needs-0.24",
         "tuner-concurrency",
@@ -304,6 +309,24 @@ def test_a_driver_too_old_for_the_release_stops_in_preflight(box, deploy, tmp_pa
         box,
         "vllm 0.33.0 pins torch 2.14.0, built for CUDA 13.0.3, which needs NVIDIA driver branch 580 or "
         "newer; nvidia_cuda_driver_version is 575.57.08",
+    )
+
+
+def test_a_model_the_release_does_not_run_stops_in_preflight(box, deploy, tmp_path):
+    """Weights to ship whose config.json names an architecture vLLM 0.32.0 retired (its registry keeps
+    Phi3Small only to say so), read on the controller against the pinned wheel, before anything changes."""
+    weights = tmp_path / "phi3-small"
+    weights.mkdir()
+    config = json.loads((ROOT / "build/sim-models/tokenmap/config.json").read_text())
+    (weights / "config.json").write_text(json.dumps({**config, "architectures": ["Phi3SmallForCausalLM"]}))
+    run = deploy(
+        "-e", f"model_weights_source={weights}", "-e", "vllm_service_model_path=/srv/models/shipped"
+    )  # fmt: skip
+    assert_stopped_untouched(
+        run,
+        box,
+        "model architecture(s) Phi3SmallForCausalLM not run by vLLM 0.32.0 (its "
+        "vllm/model_executor/models/registry.py): vLLM cannot load the model",
     )
 
 

@@ -26,7 +26,12 @@ RELEASES = (*vllm_wheels.SUPPORTED, vllm_wheels.NOT_APPLICABLE)
 CPU_VERSION = "0.32.0"
 FIELD_COUNTS = {"0.16.0": 24, "0.17.1": 25, "0.32.0": 37, "0.33.0": 43}
 # What the module reads besides the dist-info.
-ONLY = ("vllm/__init__.py", "vllm/config/speculative.py", "vllm/engine/arg_utils.py")
+ONLY = (
+    "vllm/__init__.py",
+    "vllm/config/speculative.py",
+    "vllm/engine/arg_utils.py",
+    "vllm/model_executor/models/registry.py",
+)
 SOURCE = "vllm/config/speculative.py"
 # Keys that came or went between the releases (why a hand-kept list could not last): who has them.
 KEY_HISTORY = {
@@ -193,7 +198,8 @@ def test_a_bogus_key_is_refused_with_one_line_naming_it_and_the_release(release_
 def test_every_field_of_the_release_is_accepted(release_path, run_module):
     version, path, _ = release_path
     fields = release_module.read_release(path)["speculative_config_fields"]
-    result = run_module(release_module, {"path": path, "speculative_config": dict.fromkeys(fields, 1)})
+    keys = {**dict.fromkeys(fields, 1), "method": "eagle3"}
+    result = run_module(release_module, {"path": path, "speculative_config": keys})
     assert not result.get("failed"), result
     assert result["changed"] is False and result["unknown_keys"] == []
     assert result["ansible_facts"]["vllm_release"]["version"] == version
@@ -308,3 +314,54 @@ def test_a_path_without_a_release_or_a_broken_one_fails_with_one_line(tmp_path, 
     assert result["failed"]
     assert result["msg"] == f"{site}: expected one .dist-info whose RECORD lists vllm/__init__.py, found none"
     assert "\n" not in result["msg"]
+
+
+# Read off each release's registry by hand: the DeepseekV3 family and Kimi-K2.5 everywhere, DeepseekV4 only
+# in 0.33.0; Phi3Small is retired in 0.33.0 (kept in its _PREVIOUSLY_SUPPORTED_MODELS to say so) and absent
+# before.
+EVERYWHERE = ["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"]
+NEWER = {"0.16.0": ["DeepseekV4ForCausalLM"], "0.17.1": ["DeepseekV4ForCausalLM"], "0.33.0": []}
+
+
+def test_the_target_architectures_each_release_runs(release_path, run_module):
+    version, path, _ = release_path
+    ok = run_module(release_module, {"path": path, "architectures": EVERYWHERE})
+    assert not ok.get("failed") and ok["ansible_facts"]["vllm_release"]["unregistered_architectures"] == [], (
+        ok
+    )
+    missing = [*NEWER[version], "Phi3SmallForCausalLM"]
+    refused = run_module(release_module, {"path": path, "architectures": [*EVERYWHERE, *missing]})
+    assert refused["failed"] and refused["msg"] == (
+        f"model architecture(s) {', '.join(sorted(missing))} not run by vLLM {version} (its "
+        "vllm/model_executor/models/registry.py): vLLM cannot load the model"
+    ), refused
+
+
+def test_the_speculative_method_each_release_accepts(release_path, run_module):
+    """eagle3 everywhere; extract_hidden_states (in EagleModelTypes) from 0.17 on; a made-up one nowhere."""
+    version, path, source = release_path
+    facts = release_module.read_release(path)
+    assert "eagle3" in facts["speculative_methods"]
+    assert ("extract_hidden_states" in facts["speculative_methods"]) == (version != "0.16.0"), version
+    refused = run_module(
+        release_module, {"path": path, "speculative_config": {"method": "eagle4", "model": "/d"}}
+    )
+    assert refused["failed"] and refused["msg"] == (
+        f"speculative method eagle4 unknown to vLLM {version} (SpeculativeMethod in {source}): vLLM refuses "
+        "it at start-up"
+    ), refused
+
+
+def test_the_cpu_build_wheel_runs_the_sim_model_and_eagle3(run_module):
+    """The sim box's pin, its own wheel: the sim's target (a Llama) and its drafter's method."""
+    facts = run_module(
+        release_module,
+        {
+            "path": cpu_wheel(),
+            "architectures": ["LlamaForCausalLM"],
+            "speculative_config": {"method": "eagle3"},
+        },
+    )
+    assert (
+        not facts.get("failed") and facts["ansible_facts"]["vllm_release"]["unregistered_architectures"] == []
+    )
