@@ -25,6 +25,7 @@ ARGUMENT_SPEC = {
     "python_version": {"type": "str", "required": True},
     "machine": {"type": "str", "default": "x86_64"},
     "driver_version": {"type": "str", "default": ""},
+    "pre_turing_gpus": {"type": "list", "elements": "str", "default": []},
     "wheelhouse": {"type": "path", "default": ""},
     "pip_args": {"type": "str", "default": ""},
     "cache": {"type": "path", "default": ""},
@@ -34,6 +35,9 @@ ARGUMENT_SPEC = {
 # compatibility": every toolkit of a major runs on its first release's driver branch, Linux x86_64 and
 # aarch64). A table only where no package metadata says it.
 CUDA_MIN_DRIVER_BRANCH = {11: 450, 12: 525, 13: 580}
+# The oldest GPU generation a CUDA major builds for, where the PCI bus can tell (gpu_bus: before Turing or
+# not): CUDA 13 dropped Maxwell, Pascal and Volta (NVIDIA's CUDA 13.0 release notes).
+CUDA_FIRST_GENERATION = {13: "Turing"}
 # How a torch wheel names the CUDA it was built with: the CUDA 13 wheels pin NVIDIA's cuda-toolkit, the
 # CUDA 12 (and 11) wheels its runtime package, one per major (nvidia-cuda-runtime-cu12).
 CUDA_PACKAGES = re.compile(r"^(cuda-toolkit|nvidia-cuda-runtime(-cu\d+)?)$")
@@ -210,6 +214,12 @@ def requirements(args, check_mode=False):
             f"{package} {version} pins torch {torch}, built for CUDA {cuda}, which needs NVIDIA driver "
             f"branch {facts['min_driver_branch']} or newer; nvidia_cuda_driver_version is "
             f"{args['driver_version']}"
+        )
+    if major in CUDA_FIRST_GENERATION and args["pre_turing_gpus"]:
+        raise RequirementsError(
+            f"{package} {version} pins torch {torch}, built for CUDA {cuda}, which runs on "
+            f"{CUDA_FIRST_GENERATION[major]} and newer GPUs; the PCI bus shows "
+            f"{', '.join(sorted(set(args['pre_turing_gpus'])))}, older"
         )
     return facts
 

@@ -16,7 +16,8 @@ description:
     box's Linux, machine and Python), then that torch wheel's CUDA - the version of NVIDIA's C(cuda-toolkit)
     it pins (CUDA 13 wheels) or of C(nvidia-cuda-runtime-cu<major>) (CUDA 12 and 11 wheels) - and the
     oldest driver branch of that CUDA major (NVIDIA's minor version compatibility: 450 for 11, 525 for 12,
-    580 for 13), against the driver's branch, its first field. A torch without CUDA is refused."
+    580 for 13), against the driver's branch, its first field. A torch without CUDA is refused. CUDA 13
+    builds for Turing and newer only: O(pre_turing_gpus) (the PCI bus's older GPUs) are refused with it."
   - "The metadata comes from the release's wheels where O(wheelhouse) holds them (the wheel for the box's
     Python, where wheels are per Python); else from the controller's O(cache) of what the index said; else
     from the package index, read with the controller's pip (C(pip install --dry-run --report), for the
@@ -49,6 +50,11 @@ options:
     description: The NVIDIA driver the box runs the release on; an empty string checks none (a CPU build).
     type: str
     default: ""
+  pre_turing_gpus:
+    description: The names of the box's GPUs older than Turing (M(gpu_bus)'s C(pre_turing)).
+    type: list
+    elements: str
+    default: []
   wheelhouse:
     description: A directory of the release's wheels (the vllm role's wheelhouse), read where it exists.
     type: path

@@ -28,12 +28,14 @@ VLLM_033 = {"package": "vllm", "version": "0.33.0", "machine": "x86_64"}
 def test_the_driver_must_run_the_cuda_of_the_torch_the_release_pins(tmp_path):
     wheels = wheelhouse(tmp_path / "wheels")
     at = {**VLLM_033, "python_version": "3.12.3", "wheelhouse": str(wheels)}
-    run, (old, fits, python, cpu) = check(
+    run, (old, fits, python, cpu, volta) = check(
         tmp_path,
         {**at, "driver_version": "575.57.08"},
         {**at, "driver_version": "580.95.05"},
         {**at, "python_version": "3.10.12", "python": "python3", "driver_version": "580.95.05"},
         {**at, "driver_version": ""},
+        # gpu_bus names a V100 so (tests/unit/test_gpu_bus.py).
+        {**at, "driver_version": "580.95.05", "pre_turing_gpus": ["Tesla V100 PCIe 32GB"] * 8},
     )
     assert old.status == "failed" and old.msg == (
         "vllm 0.33.0 pins torch 2.14.0, built for CUDA 13.0.3, which needs NVIDIA driver branch 580 or "
@@ -55,6 +57,10 @@ def test_the_driver_must_run_the_cuda_of_the_torch_the_release_pins(tmp_path):
         "vllm 0.33.0 requires Python <3.15,>=3.11; the box's python3 is 3.10.12: set vllm_python to an "
         "interpreter that fits (e.g. python3.11 from the distribution, with vllm_python_packages to install "
         "it)"
+    ), str(run)
+    assert volta.status == "failed" and volta.msg == (
+        "vllm 0.33.0 pins torch 2.14.0, built for CUDA 13.0.3, which runs on Turing and newer GPUs; the PCI "
+        "bus shows Tesla V100 PCIe 32GB, older"
     ), str(run)
     # No driver to check (a CPU build): torch is not read.
     assert cpu.status == "ok" and cpu.facts["release_requirements"]["torch"] is None, str(run)
