@@ -44,6 +44,9 @@ class PrometheusBox(Box):
             "/sbin/init",
         )
         self.url = "http://" + podman("port", self.container, "9090/tcp").stdout.split()[0]
+        self.address = podman(
+            "inspect", "-f", "{{.NetworkSettings.IPAddress}}", self.container
+        ).stdout.strip()
         self.sh(f"mkdir -p {RULES_DIR} {Path(TARGETS_FILE).parent}")
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
@@ -62,10 +65,14 @@ class PrometheusBox(Box):
 
     def inventory(self, path: Path, settings: dict, addresses: dict) -> Path:
         """An inventory with this box as the fleet's Prometheus host (monitoring.yml's prometheus_servers),
-        and the address it reaches each GPU box's server at (podman's network, not the SSH loopback)."""
+        the address it reaches each GPU box's server at (podman's network, not the SSH loopback), and its own
+        address among those the GPU boxes' proxies let read /metrics (a container connection gives none)."""
         host = {"ansible_connection": "containers.podman.podman", "ansible_host": self.container}
         group = {"hosts": {self.container: host}, "vars": settings}
-        boxes = {box: {"vllm_service_advertise_host": address} for box, address in addresses.items()}
+        boxes = {
+            box: {"vllm_service_advertise_host": address, "vllm_service_metrics_sources": [self.address]}
+            for box, address in addresses.items()
+        }
         path.write_text(json.dumps({"all": {"hosts": boxes, "children": {"prometheus_servers": group}}}))
         return path
 

@@ -8,6 +8,7 @@ reports."""
 import hashlib
 import json
 import re
+import shlex
 import time
 
 import browser
@@ -15,7 +16,7 @@ import yaml
 from dashboard_queries import panel_queries
 from driver import ROOT, podman
 from prometheus_box import PrometheusBox
-from sim_box_client import GROUP_VARS, gated, theory
+from sim_box_client import API_KEY, GROUP_VARS, gated, theory
 from tokenizers import Tokenizer
 from transaction_checks import assert_restored
 
@@ -128,8 +129,74 @@ def monitoring_installs(scenario, prometheus):
     assert again.ok and again.changed() == 0, str(again)
     check = scenario.play("playbooks/monitoring.yml", "--check", inventory=inventory)
     assert check.ok and check.changed() == 0, str(check)
+    # The box's proxy lets the new Prometheus read /metrics: its site changes, nginx reloads, nothing else.
+    opened = scenario.play("deploy.yml", "--tags", "vllm_proxy", inventory=inventory)
+    assert opened.ok, str(opened)
+    changed = [(r.role, r.action.rsplit(".", 1)[-1]) for r in opened.changed_results(host=host)]
+    assert changed == [("vllm_proxy", "template"), ("vllm_proxy", "systemd_service")], changed
     up = f'up{{job="specfleet-vllm", host="{host}", instance="{address}:8000"}} == 1'
     prometheus.wait(lambda: prometheus.query(up), f"{host} scraped", 60)
+
+
+# Routes other tasks or releases of vLLM serve (pooling models, 0.27-0.29's) and its API's own pages, probed
+# beside the ones the box's vLLM lists in its OpenAPI document.
+MORE_ROUTES = ["/pooling", "/score", "/rerank", "/classify", "/v1/embeddings", "/openapi.json", "/docs"]
+GETS = ("/health", "/metrics", "/openapi.json", "/docs", "/v1/models", "/version")
+PROBE = """
+import json, sys, urllib.error, urllib.request
+base, key, paths, gets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+body = json.dumps({"model": "tiny", "prompt": "The", "max_tokens": 4, "temperature": 0}).encode()
+found = {}
+for path in paths:
+    headers = {"Content-Type": "application/json", **({"Authorization": "Bearer " + key} if key else {})}
+    data = None if path in gets else body
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + path, data, headers), timeout=60) as answer:
+            found[path] = [answer.status, answer.read().decode()]
+    except urllib.error.HTTPError as error:
+        found[path] = [error.code, ""]
+    except OSError as error:
+        found[path] = [None, str(error)]
+print(json.dumps(found))
+"""
+
+
+def probe(run_in, base, paths, key=""):
+    """{path: [status or None, body]} of each path, asked by a Python where run_in runs argv."""
+    argv = ["python3", "-c", PROBE, base, key, json.dumps(paths), json.dumps(GETS)]
+    return json.loads(run_in(argv).strip().splitlines()[-1])
+
+
+def server_closed_to_all_but_its_clients(scenario, prometheus):
+    """From another container on the box's network: without the key every route is refused (but /health),
+    /metrics too, and vLLM's own port does not answer; with the key a completion works; the fleet's
+    Prometheus reads /metrics without it."""
+    box = podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", scenario.box.container).stdout.strip()
+    # Every route the box's vLLM serves, as it lists them itself (asked on the box, on its own port).
+    [(status, document)] = probe(
+        lambda argv: scenario.box.out(shlex.join(argv)), "http://127.0.0.1:18000", ["/openapi.json"], API_KEY
+    ).values()
+    listed = {path.replace("{response_id}", "x") for path in json.loads(document)["paths"]}
+    assert {"/invocations", "/tokenize", "/v1/completions", "/metrics", "/health"} <= listed, listed
+    closed = sorted((listed | set(MORE_ROUTES)) - {"/metrics", "/health"})
+
+    def client(argv):
+        return podman("run", "--rm", "localhost/specfleet-simbox:bookworm", *argv).stdout
+
+    refused = probe(client, f"http://{box}:8000", [*closed, "/metrics", "/health"])
+    assert {path: status for path, (status, _) in refused.items()} == {
+        **dict.fromkeys(closed, 401),
+        "/metrics": 403,
+        "/health": 200,
+    }, refused
+    backend = probe(client, f"http://{box}:18000", ["/invocations", "/metrics"])
+    assert all(status is None and "refused" in why for status, why in backend.values()), backend
+    [(status, body)] = probe(client, f"http://{box}:8000", ["/v1/completions"], API_KEY).values()
+    assert status == 200 and json.loads(body)["choices"][0]["text"], body
+    [(status, body)] = probe(
+        lambda argv: prometheus.out(shlex.join(argv)), f"http://{box}:8000", ["/metrics"]
+    ).values()
+    assert status == 200 and "vllm:num_requests_running" in body, (status, body[:300])
 
 
 def speculation_alerts(prometheus, host):
@@ -187,6 +254,7 @@ def alerts_on_the_15_percent_drafter(scenario, prometheus):
 def side_effect(scenario):
     with PrometheusBox(f"{scenario.box.container}-prometheus") as prometheus:
         monitoring_installs(scenario, prometheus)
+        server_closed_to_all_but_its_clients(scenario, prometheus)
         load_matches_vllms_own_log(scenario)
         quiet_on_the_good_drafter(scenario, prometheus)
         gate_on_the_operators_traffic(scenario)

@@ -70,6 +70,16 @@ def test_service_runs_enabled_as_the_service_user(host):
     assert host.user("vllm").shell == "/usr/sbin/nologin"
 
 
+def test_vllm_listens_on_loopback_behind_the_proxy(host):
+    """Clients reach nginx on 8000 (roles/vllm_proxy); vLLM itself only on the box (127.0.0.1:18000)."""
+    listening = host.check_output("ss -Hltnp")
+    assert "127.0.0.1:18000 " in listening and "0.0.0.0:18000" not in listening, listening
+    assert [line for line in listening.splitlines() if "0.0.0.0:8000 " in line and "nginx" in line], listening
+    site = host.file("/etc/nginx/conf.d/specfleet-vllm.conf")
+    assert (site.mode, site.user, site.group) == (0o600, "root", "root")
+    assert not host.file("/etc/nginx/sites-enabled/default").exists
+
+
 def test_health_answers(host):
     assert http(host, "/health")[0] == 200
 

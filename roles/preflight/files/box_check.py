@@ -1,11 +1,11 @@
 """What preflight reads on the box, in one call (the box's Python, standard library).
 
-argv[1], JSON: disk_paths (free space of each), paths (what each is), ports with the unit allowed to
+argv[1], JSON: disk_paths (free space of each), paths (what each is), ports with the units allowed to
 hold them, config (a JSON file to read, or null), python (the interpreter vLLM's virtualenv is made
 with) and release (a release to ship, {releases, release_id}, or null). Prints JSON:
   free:   {path: bytes available to unprivileged users, as df counts them, or the reason it cannot tell}
   paths:  {path: "link", "directory", "file" or null (absent)}
-  ports:  {port: null when free or held only by the unit's processes, else who holds it}
+  ports:  {port: null when free or held only by the units' processes, else who holds it}
   config: the file's JSON, or null when there is no such file
   python: {version: that interpreter's "X.Y.Z", or null where the box has none by that name, machine}
   release: {published: whether <releases>/<release_id> exists, staged: bytes already in its .partial (an
@@ -36,8 +36,8 @@ def kind(path):
     return "file" if os.path.exists(path) else None
 
 
-def port_holder(port, unit):
-    """None when nothing listens on the TCP port or only the unit's processes do, else who holds it."""
+def port_holder(port, units):
+    """None when nothing listens on the TCP port or only the units' processes do, else who holds it."""
     listeners = subprocess.run(
         ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -47,13 +47,13 @@ def port_holder(port, unit):
     if not pids:
         # Without CAP_SYS_PTRACE (e.g. in a container) ss cannot name other users' processes: then an
         # active unit is taken to be the holder, since it could not run with its port taken.
-        active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", *units], check=False).returncode == 0
         return None if active else "held by a process ss cannot name"
     others = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cgroup", encoding="utf-8") as cgroup:
-                if any(line.rstrip("\n").endswith(f"/{unit}") for line in cgroup):
+                if any(line.rstrip("\n").endswith(tuple(f"/{unit}" for unit in units)) for line in cgroup):
                     continue
             with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
                 name = comm.read().strip()
@@ -105,7 +105,7 @@ print(
         {
             "free": {path: free_bytes(path) for path in want["disk_paths"]},
             "paths": {path: kind(path) for path in want["paths"]},
-            "ports": {str(port): port_holder(port, want["unit"]) for port in want["ports"]},
+            "ports": {str(port): port_holder(port, want["units"]) for port in want["ports"]},
             "config": config(want["config"]) if want["config"] else None,
             "python": python(want["python"]),
             "release": release(**want["release"]) if want["release"] else None,

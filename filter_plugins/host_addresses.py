@@ -1,0 +1,38 @@
+"""host_addresses: the addresses of inventory hosts, as the controller resolves each one's ansible_host (or
+its name), for an allow-list that takes addresses only (roles/vllm_proxy's /metrics). A host reached other
+than over the network (a local or container connection) has no address to give: it is left out, and an
+inventory names its address itself."""
+
+import ipaddress
+import socket
+
+from ansible.errors import AnsibleFilterError
+
+NOT_NETWORK = {"local", "podman", "containers.podman.podman", "docker", "community.docker.docker"}
+
+
+def host_addresses(hosts, hostvars):
+    addresses = []
+    for host in hosts:
+        if str(hostvars[host].get("ansible_connection", "ssh")) in NOT_NETWORK:
+            continue
+        name = str(hostvars[host].get("ansible_host", host))
+        try:
+            addresses.append(str(ipaddress.ip_address(name)))
+            continue
+        except ValueError:
+            pass
+        try:
+            found = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except OSError as error:
+            raise AnsibleFilterError(
+                f"{host}: its address {name} does not resolve on the controller ({error.strerror}): list "
+                "the Prometheus servers' addresses in vllm_service_metrics_sources"
+            ) from None
+        addresses.extend(sorted({entry[4][0] for entry in found} - set(addresses)))
+    return addresses
+
+
+class FilterModule:
+    def filters(self):
+        return {"host_addresses": host_addresses}
