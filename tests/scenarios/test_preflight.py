@@ -23,6 +23,9 @@ WEIGHTS = ("-e", f"model_weights_source={ROOT / 'build/sim-models/tokenmap'}")
 ON_THE_CONTROLLER = {
     "wrong-type",
     "port-range",
+    "proxy-backend-port",
+    "proxy-key",
+    "proxy-metrics-sources",
     "environment-newline",
     "k-above-trained",
     "schedule-needs-0.24",
@@ -115,6 +118,18 @@ def assert_stopped_untouched(run, box, reason):
             "argument 'preflight_gpu_count' is of type str",
         ),
         (["-e", "vllm_service_port=99999"], "vllm_service_port=99999 is not a TCP port (1-65535)"),
+        (
+            ["-e", "vllm_service_backend_port=8000"],
+            "vllm_service_backend_port=8000 is not a TCP port (1-65535) apart from vllm_service_port=8000",
+        ),
+        (
+            ["-e", '{"vllm_service_api_key": "sk-1 \\"quoted\\""}'],
+            "vllm_service_api_key holds a character other than letters, digits and ._~+/=- (the proxy",
+        ),
+        (
+            ["-e", '{"vllm_service_metrics_sources": ["10.0.0.0/8", "prom.example"]}'],
+            "vllm_service_metrics_sources: prom.example is not an address or a network (CIDR), which the",
+        ),
         # Once written into a unit that systemd refused, and that a restore could not undo in its memory.
         (
             ["-e", '{"vllm_service_environment": {"FOO": "a\\nExecStartPre=+/bin/touch /tmp/pwned"}}'],
@@ -204,6 +219,9 @@ def assert_stopped_untouched(run, box, reason):
         "wrong-type",
         "wrong-type-from-bus",
         "port-range",
+        "proxy-backend-port",
+        "proxy-key",
+        "proxy-metrics-sources",
         "environment-newline",
         "speculative-key",
         "speculative-method",
