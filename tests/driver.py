@@ -268,15 +268,51 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 SIM_SSH_USER = yaml.safe_load((ROOT / "sim/roles/sim_box/defaults/main.yml").read_text())["sim_box_ssh_user"]
 
 
-def ssh_inventory(path: Path, host: str, container: str) -> Path:
-    """An inventory file that reaches a prepared sim box over SSH, as deploy.yml reaches a fleet's
-    boxes: the loopback port podman published for its sshd, the user sim_box set up, pipelining
-    and become as configured (the key and known_hosts come from inventory/local's group_vars)."""
+def ssh_connection(container: str) -> dict:
+    """How deploy.yml reaches a prepared sim box, as it reaches a fleet's boxes: over SSH, on the loopback
+    port podman published for its sshd, as the user sim_box set up."""
     published = podman("port", container, "22/tcp").stdout.split()[0]  # 127.0.0.1:PORT
     port = int(published.rsplit(":", 1)[1])
-    variables = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": port}
-    path.write_text(json.dumps({"all": {"hosts": {host: {**variables, "ansible_user": SIM_SSH_USER}}}}))
+    return {
+        "ansible_connection": "ssh",
+        "ansible_host": "127.0.0.1",
+        "ansible_port": port,
+        "ansible_user": SIM_SSH_USER,
+    }
+
+
+def ssh_inventory(path: Path, host: str, container: str) -> Path:
+    """An inventory file that reaches a prepared sim box over SSH (pipelining and become as configured;
+    the key and known_hosts come from inventory/local's group_vars)."""
+    path.write_text(json.dumps({"all": {"hosts": {host: ssh_connection(container)}}}))
     return path
+
+
+# The sim's SSH key and pinned host key (inventory/local's group_vars), for inventories without them.
+SIM_SSH = {
+    key: value
+    for key, value in yaml.safe_load((ROOT / "inventory/local/group_vars/sim_boxes.yml").read_text()).items()
+    if key in ("sim_ssh_dir", "ansible_ssh_private_key_file", "ansible_ssh_common_args")
+}
+
+
+def profile_inventory(directory: Path, profile: Path, boxes: dict[str, str], overrides: dict) -> Path:
+    """An inventory of sim boxes named as a profile's hosts (host -> container): the profile's group_vars and
+    host_vars as written, and above them the sim's overrides, in each box's host_vars after the profile's
+    (files of a host's directory are read in name order). Only the connection comes from here."""
+    directory.mkdir(parents=True)
+    (directory / "group_vars").symlink_to(profile / "group_vars")
+    hosts = {}
+    for host, container in boxes.items():
+        hosts[host] = ssh_connection(container)
+        own = directory / "host_vars" / host
+        own.mkdir(parents=True)
+        if (profile / "host_vars" / f"{host}.yml").exists():
+            (own / "profile.yml").symlink_to(profile / "host_vars" / f"{host}.yml")
+        (own / "sim-overrides.yml").write_text(json.dumps(overrides))
+    inventory = {"all": {"children": {"gpu_boxes": {"vars": SIM_SSH, "hosts": hosts}}}}
+    (directory / "hosts.json").write_text(json.dumps(inventory))
+    return directory
 
 
 class Box:
@@ -326,13 +362,26 @@ class Scenario:
         }
         converge = playbooks["converge"].replace("${MOLECULE_PROJECT_DIRECTORY}", str(ROOT))
         self.converge_playbook = self.directory / converge  # an absolute path stays itself
-        self.box = Box(f"specfleet-{name}")
+        containers = [
+            platform["name"].replace("${MOLECULE_SCENARIO_NAME}", name)
+            for platform in config.get("platforms", base["platforms"])
+        ]
+        # A scenario with molecule/<name>/sim_overrides.yml deploys a profile (an inventory's group_vars and
+        # host_vars) onto boxes named as its hosts (specfleet-<name>-<host>); the others, one box each, are
+        # named as their containers in molecule's inventory.
+        overrides = self.directory / "sim_overrides.yml"
+        self.profile = yaml.safe_load(overrides.read_text()) if overrides.exists() else None
+        prefix = f"specfleet-{name}-" if self.profile else ""
+        self.boxes = {container.removeprefix(prefix): Box(container) for container in containers}
+        self.box = next(iter(self.boxes.values()))  # the first (a one-box scenario's box)
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
             "MOLECULE_EPHEMERAL_DIRECTORY": str(workdir / "molecule"),
         }
         self.minutes: dict[str, float] = {}
+        # The runs of the playbook steps (converge, idempotence, check), for the side effect to read.
+        self.runs: dict[str, Run] = {}
         # Each play's seconds and command line, for the slowest ones in the summary (tests/conftest.py).
         self.plays: list[tuple[float, str]] = []
 
@@ -347,8 +396,13 @@ class Scenario:
 
     @property
     def host(self) -> str:
-        """The box's inventory name in molecule's inventory."""
-        return self.box.container
+        """The first box's inventory name (a one-box scenario's: its name in molecule's inventory)."""
+        return next(iter(self.boxes))
+
+    @property
+    def profile_inventory(self) -> Path:
+        """A profile scenario's inventory (written after create)."""
+        return self.workdir / "profile-inventory"
 
     @property
     def second_box_inventory(self) -> Path:
@@ -380,7 +434,8 @@ class Scenario:
         """A playbook against this scenario's box(es) over SSH: molecule's inventory, the SSH
         connection of the box, and any other inventory given."""
         extra = kwargs.pop("inventory", None)
-        inventories = [self.inventory, self.ssh_inventory, *([extra] if extra else [])]
+        own = [self.profile_inventory] if self.profile else [self.inventory, self.ssh_inventory]
+        inventories = [*own, *([extra] if extra else [])]
         started = time.monotonic()
         try:
             return run_playbook(playbook, *args, inventory=inventories, **kwargs)
@@ -398,20 +453,21 @@ class Scenario:
         return sorted(self.plays, reverse=True)[:count]
 
     def syntax(self) -> None:
-        run = run_playbook(self.converge_playbook, "--syntax-check", inventory=ROOT / "inventory/local")
+        inventory = ROOT / (self.profile["profile"] if self.profile else "inventory/local")
+        run = run_playbook(self.converge_playbook, "--syntax-check", inventory=inventory)
         assert run.ok, str(run)
 
     def converge(self) -> None:
-        run = self.play(self.converge_playbook)
+        run = self.runs["converge"] = self.play(self.converge_playbook)
         assert run.ok, str(run)
 
     def idempotence(self) -> None:
-        run = self.play(self.converge_playbook)
+        run = self.runs["idempotence"] = self.play(self.converge_playbook)
         changed = [(r.host, r.role, r.file, r.action) for r in run.changed_results()]
         assert run.ok and run.changed() == 0, f"not idempotent, changed: {changed}\n{run}"
 
     def check(self) -> None:
-        run = self.play(self.converge_playbook, "--check")
+        run = self.runs["check"] = self.play(self.converge_playbook, "--check")
         assert run.ok, str(run)
 
     def _python_steps(self):
@@ -443,9 +499,18 @@ class Scenario:
                 else:
                     self.molecule(step)
                 if step == "create":
-                    # Booted before anything reaches it (without prepare, converge comes next).
-                    self.box.sh("systemctl is-system-running --wait >/dev/null", check=False)
-                    ssh_inventory(self.ssh_inventory, self.host, self.box.container)
+                    # Booted before anything reaches them (without prepare, converge comes next).
+                    for box in self.boxes.values():
+                        box.sh("systemctl is-system-running --wait >/dev/null", check=False)
+                    if self.profile:
+                        profile_inventory(
+                            self.profile_inventory,
+                            ROOT / self.profile["profile"],
+                            {host: box.container for host, box in self.boxes.items()},
+                            {key: entry["value"] for key, entry in self.profile["overrides"].items()},
+                        )
+                    else:
+                        ssh_inventory(self.ssh_inventory, self.host, self.box.container)
                 hook = getattr(python, f"after_{step}", None)
                 if hook:
                     hook(self)

@@ -97,6 +97,11 @@ def collection_plugins():
         actions(yaml.safe_load(text))
         # Piped, or named to map() and the like.
         found["filter"].update(re.findall(rf"(?:\|\s*|\(\s*['\"])({NAME}\.{NAME}\.{NAME})", text))
+    # An action that runs a collection's action (action_plugins/release_transfer.py: synchronize's).
+    for path in ROOT.glob("action_plugins/*.py"):
+        found["module"].update(
+            re.findall(rf"action_loader\.get\(\s*\"({NAME}\.{NAME}\.{NAME})\"", path.read_text())
+        )
     config = configparser.ConfigParser()
     config.read(ROOT / "ansible.cfg")
     found["callback"].update(n.strip() for n in config["defaults"].get("callbacks_enabled", "").split(","))

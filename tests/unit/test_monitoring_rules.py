@@ -10,7 +10,6 @@ Then the bad inputs: one line each, nothing written.
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import pytest
 import yaml
 from ansible.module_utils import spec_stats
 from driver import BIN, ROOT, run_playbook
+from promtool_rules import MINUTES, PROMTOOL, alert, counters, promtool_test, without_annotations
 
-PROMTOOL = shutil.which("promtool", path=str(BIN)) or shutil.which("promtool")
 # In CI (CI=true) a missing promtool fails these tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
     PROMTOOL is None and os.environ.get("CI") != "true", reason="promtool: scripts/bootstrap.sh installs it"
@@ -36,7 +35,6 @@ BOXES = {
     "ungated-box": {"gate_enabled": False, "vllm_service_port": 9000},
 }
 MODEL = "kimi"
-MINUTES = 40
 
 
 def inventory(path: Path, extra_groups=None) -> Path:
@@ -59,33 +57,6 @@ def exported(tmp_path_factory):
     )
     assert run.ok, str(run)
     return tmp / "out"
-
-
-def counters(box, drafts, k, accepted_per_pos, generation):
-    """Cumulative counters growing by these amounts every minute (promtool's `0+NxM` series)."""
-    labels = f'job="specfleet-vllm", host="{box}", model_name="{MODEL}", engine="0"'
-    grow = f"0+{{}}x{MINUTES}"
-    series = [{"series": f"vllm:generation_tokens_total{{{labels}}}", "values": grow.format(generation)}]
-    if drafts:
-        series += [
-            {"series": f"vllm:spec_decode_num_drafts_total{{{labels}}}", "values": grow.format(drafts)},
-            {
-                "series": f"vllm:spec_decode_num_draft_tokens_total{{{labels}}}",
-                "values": grow.format(drafts * k),
-            },
-            {
-                "series": f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}}",
-                "values": grow.format(sum(accepted_per_pos)),
-            },
-        ]
-        series += [
-            {
-                "series": f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels}, position="{i}"}}',
-                "values": grow.format(accepted),
-            }
-            for i, accepted in enumerate(accepted_per_pos)
-        ]
-    return series
 
 
 def up(box, value):
@@ -122,27 +93,6 @@ INPUT = [
         "values": f"1x{MINUTES}",
     },
 ]
-
-
-def alert(box, severity="warning", **labels):
-    return {"exp_labels": {"severity": severity, "host": box, **labels}}
-
-
-def without_annotations(rules: Path, out: Path) -> Path:
-    """The rules with their annotations stripped: promtool compares annotations too, and the alert
-    labels are what this test is about (test_an_alert_says_the_floor_it_missed reads one annotation)."""
-    groups = yaml.safe_load(rules.read_text())
-    for group in groups["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-    out.write_text(yaml.safe_dump(groups))
-    return out
-
-
-def promtool_test(tmp_path, rules: Path, tests: list) -> subprocess.CompletedProcess:
-    path = tmp_path / "tests.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": tests}))
-    return subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, check=False)
 
 
 def test_promtool_checks_the_exported_rules(exported):

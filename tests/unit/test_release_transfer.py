@@ -1,0 +1,63 @@
+"""release_transfer (action_plugins/release_transfer.py): synchronize's real rsync, its progress counted
+from rsync's own log while it runs - files and bytes written by each line's time - and the copy whole at
+the end; a dry run (check mode) counts nothing and writes nothing."""
+
+import json
+import os
+import sys
+
+import pytest
+from driver import run_playbook
+
+FILES = 4
+SIZE = 150 * 1024
+# rsync's own limit, KiB/s: the four files take about four seconds, long enough for a line each second.
+SLOW = "--bwlimit=150"
+
+
+def transfer(tmp_path, *args):
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    source.mkdir(exist_ok=True)
+    for i in range(FILES):
+        (source / f"shard-{i}.bin").write_bytes(os.urandom(SIZE))
+    inventory = tmp_path / "inventory.json"
+    box = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(json.dumps({"all": {"hosts": {"box": box}}}))
+    playbook = tmp_path / "transfer.yml"
+    task = {
+        "release_transfer": {
+            "src": f"{source}/",
+            "dest": f"{dest}/",
+            "archive": False,
+            "recursive": True,
+            "total_bytes": FILES * SIZE,
+            "progress_interval": 1,
+            "rsync_opts": [SLOW],
+        }
+    }
+    playbook.write_text(json.dumps([{"hosts": "box", "gather_facts": False, "tasks": [task]}]))
+    run = run_playbook(playbook, *args, inventory=inventory)
+    assert run.ok, str(run)
+    return run.one(host="box", action="release_transfer").result, source, dest
+
+
+def test_progress_is_counted_while_rsync_runs(tmp_path):
+    result, source, dest = transfer(tmp_path)
+    progress = result["progress"]
+    # Lines came while files were still on their way, each further on than the one before.
+    during = progress[:-1]
+    assert during and during[0]["bytes"] < FILES * SIZE, progress
+    assert all(a["bytes"] < b["bytes"] for a, b in zip(during, during[1:])), progress
+    assert all(a["seconds"] < b["seconds"] for a, b in zip(progress, progress[1:])), progress
+    assert progress[-1]["files"] == FILES and progress[-1]["bytes"] == FILES * SIZE, progress
+    assert result["transferred"].startswith("box: 4 file(s), 600.00 KB of 600.00 KB (100%) in "), result
+    assert result["changed"] and SLOW in result["cmd"], result
+    for path in source.iterdir():
+        assert (dest / path.name).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("args", [("--check",)])
+def test_a_dry_run_counts_and_writes_nothing(tmp_path, args):
+    result, _, dest = transfer(tmp_path, *args)
+    assert [entry["files"] for entry in result["progress"]] == [0] * len(result["progress"]), result
+    assert not dest.exists() or not any(dest.iterdir())
