@@ -5,7 +5,8 @@ the server on 127.0.0.1:18003), serving the token-map target. For a middle and a
 drafter (sim/build_models.py: eagle3-known-2.2 and eagle3-known-3.4) it deploys the drafter, then runs
 `deploy.yml --tags spec_tune` as an operator would (taking the box out of service) and prints, from the
 table the tuner kept on the box:
-  - tokens/s and inter-token latency per k x concurrency, the k chosen per concurrency and the schedule;
+  - tokens/s and inter-token latency per k x concurrency, each k's gain over speculation off with its interval
+    over the rounds, the k chosen per concurrency and the schedule;
   - the concurrency from which speculation stops paying on this machine;
   - the mean acceptance length per k predicted from the per-position acceptance at the largest k, beside
     the one measured at that k;
@@ -92,6 +93,14 @@ def print_table(table):
         )
         chosen = per_concurrency[str(concurrency)]
         print(f"{concurrency:>11} {line}  k={chosen['k']} ({chosen['gain']:.2f}x)")
+    print("each k's gain over speculation off, round against round, with its interval:")
+    for concurrency in sorted({row["concurrency"] for row in rows}):
+        gains = per_concurrency[str(concurrency)]["gains"]
+        shown = ", ".join(
+            f"k={k} {gain:.2f}x " + (f"[{low:.2f}, {high:.2f}]" if high is not None else "(one round)")
+            for k, (gain, low, high) in sorted(gains.items(), key=lambda item: int(item[0]))
+        )
+        print(f"{concurrency:>11} {shown}")
 
 
 def crossover(table):

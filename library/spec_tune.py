@@ -12,20 +12,24 @@ description:
   - "One module, three steps, driven by roles/spec_tune, which serves the target once per k (k = 0:
     speculation off) on a trial unit between them."
   - "C(step=measure): streams the workload to the server at O(base_url), which serves with O(k) speculative
-    tokens, at each of O(concurrencies) (O(rounds) requests per concurrent client, after one warm-up request;
-    never more than the workload's distinct requests, identical ones being one, so none repeats in a cell),
-    and returns one row per concurrency: output tokens per second over the cell, median inter-token latency
+    tokens, at each of O(concurrencies) in O(rounds) rounds of one request per concurrent client, after one
+    warm-up request (never more than the workload's distinct requests, identical ones being one, so none
+    repeats in a cell; round r sends the same requests at every k), and returns one row per concurrency:
+    output tokens per second over the cell and in each round, median inter-token latency
     (a request's first-to-last token time over its tokens after the first) and, for k > 0, the acceptance
     counted on C(/metrics) meanwhile. Fails when a request fails or when the server drafts another number of
     tokens than O(k)."
-  - "C(step=record): chooses from O(rows) (module_utils/spec_schedule.py): per concurrency the fastest k if it
-    beats speculation off by O(min_gain), else 0; as vLLM's C(num_speculative_tokens_per_batch_size) schedule
+  - "C(step=record): chooses from O(rows) (module_utils/spec_schedule.py): a k's gain over speculation off is
+    the mean of log(speed at k / speed off) over the paired rounds, with its Student's t interval at
+    O(confidence); per concurrency, ascending, the fastest k whose interval's low end is at least 1 +
+    O(min_gain) (one round shows nothing) and no larger than the k chosen below it, else 0; as vLLM's
+    C(num_speculative_tokens_per_batch_size) schedule
     (O(output=schedule), vLLM >= 0.24), or one k for the concurrency profile O(profile) (O(output=single)).
     Speculation is turned off when no k pays at concurrency 1. Keeps the table in O(cache_path) with its
     identity (drafter release, vLLM version, GPUs, driver, workload digest, server arguments, what was
     measured) and the date."
-  - "C(step=read): the kept table, re-scored with today's O(output), O(min_gain), O(profile) and
-    O(max_num_seqs) (new weights need no new measurement); when its identity no longer matches the box
+  - "C(step=read): the kept table, re-scored with today's O(output), O(min_gain), O(confidence), O(profile)
+    and O(max_num_seqs) (new weights need no new measurement); when its identity no longer matches the box
     (another drafter release, vLLM, driver, GPUs or workload), nothing is chosen, C(measurement_due) is
     true and the untuned O(speculative_config) stands. Reads files and nvidia-smi only."
   - "Every step returns C(speculative_config): O(speculative_config) with the chosen C(num_speculative_tokens)
@@ -59,9 +63,15 @@ options:
     type: int
     default: 256
   min_gain:
-    description: How much faster than speculation off a k must be to be chosen (0.05 = 5%).
+    description: >-
+      How much faster than speculation off a k must be shown to be, at the low end of its interval, to be
+      chosen (0.05 = 5%; -1 takes the fastest k whatever its interval).
     type: float
     default: 0.05
+  confidence:
+    description: Confidence of each k's gain interval over the rounds.
+    type: float
+    default: 0.95
   profile:
     description: >-
       For O(output=single), weights of the measured concurrencies, e.g. C({1: 0.6, 4: 0.4}); C({}) weighs
@@ -110,7 +120,9 @@ options:
     elements: int
     default: [1, 2, 4, 8]
   rounds:
-    description: Requests each concurrent client sends per cell (a cell sends at most the distinct requests).
+    description: >-
+      Rounds per cell, each one request per concurrent client (a cell sends at most the distinct requests:
+      fewer rounds where they run out).
     type: int
     default: 3
   requests:
@@ -237,6 +249,7 @@ ansible_facts:
 
 import datetime
 import os
+import statistics
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -347,6 +360,7 @@ def scoring(params):
     return {
         "output": params["output"],
         "min_gain": params["min_gain"],
+        "confidence": params["confidence"],
         "profile": params["profile"],
         "max_num_seqs": params["max_num_seqs"],
         "min_mean_acceptance_length": params["min_mean_acceptance_length"],
@@ -357,7 +371,13 @@ def scoring(params):
 def choice_of(rows, params):
     eligible = gate_floor(params["min_mean_acceptance_length"], params["floors_at_k"])
     return choose(
-        rows, params["output"], params["max_num_seqs"], params["min_gain"], params["profile"], eligible
+        rows,
+        params["output"],
+        params["max_num_seqs"],
+        params["min_gain"],
+        params["profile"],
+        eligible,
+        params["confidence"],
     )
 
 
@@ -392,6 +412,26 @@ def read(module):
     return rescored, params["remeasure"], facts("kept", base, choice, kept, stale=[], reason=choice["reason"])
 
 
+def merge_rounds(cells):
+    """One row of a cell's rounds: tokens per second over them all and in each, the median inter-token
+    latency of their requests (the rounds' medians' median), their errors."""
+    tokens = sum(cell["completion_tokens"] for cell in cells)
+    seconds = sum(cell["seconds"] for cell in cells)
+    latencies = [
+        cell["inter_token_latency_ms"] for cell in cells if cell["inter_token_latency_ms"] is not None
+    ]
+    return {
+        **cells[0],
+        "requests": sum(cell["requests"] for cell in cells),
+        "completion_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": round(tokens / seconds, 2) if seconds > 0 else 0.0,
+        "rounds_tokens_per_second": [cell["tokens_per_second"] for cell in cells],
+        "inter_token_latency_ms": round(statistics.median(latencies), 3) if latencies else None,
+        "errors": [error for cell in cells for error in cell["errors"]],
+    }
+
+
 def measure(module):
     """The rows of the server as it serves now, at k speculative tokens."""
     params = module.params
@@ -406,9 +446,15 @@ def measure(module):
         sent = workload(requests, concurrency * params["rounds"], start)
         start += len(sent)
         before = spec_series(scrape(url, key, params["timeout"]).samples, params["model"], url) if k else None
-        row = load_cell(
-            chat, key, params["model"], sent, params["max_tokens"], concurrency, params["timeout"]
-        )
+        # One request per client a round, the same requests in round r at every k: the gain is paired.
+        rounds = [sent[i : i + concurrency] for i in range(0, len(sent) - concurrency + 1, concurrency)] or [
+            sent
+        ]
+        cells = [
+            load_cell(chat, key, params["model"], part, params["max_tokens"], concurrency, params["timeout"])
+            for part in rounds
+        ]
+        row = merge_rounds(cells)
         if row["errors"]:
             failed = row["errors"]
             raise TuneError(
@@ -467,18 +513,26 @@ def record(module):
 
 
 def summary(spec_tune):
-    """The table as lines: tokens/s and inter-token latency per k, one line per concurrency."""
+    """The table as lines: per concurrency, tokens/s and inter-token latency per k, each k's gain over
+    speculation off with its interval, and the k chosen."""
     lines = []
     by_level = {}
     for row in spec_tune["table"]:
         by_level.setdefault(row["concurrency"], {})[row["k"]] = row
     for concurrency, by_k in sorted(by_level.items()):
-        cells = ", ".join(
-            f"k={k} {row['tokens_per_second']:.1f} tok/s {row['inter_token_latency_ms'] or 0:.1f} ms"
-            for k, row in sorted(by_k.items())
-        )
         chosen = (spec_tune["choice"] or {}).get("per_concurrency", {}).get(concurrency, {})
-        lines.append(f"concurrency {concurrency}: {cells} -> k={chosen.get('k')}")
+        gains = chosen.get("gains", {})
+        cells = []
+        for k, row in sorted(by_k.items()):
+            cell = f"k={k} {row['tokens_per_second']:.1f} tok/s {row['inter_token_latency_ms'] or 0:.1f} ms"
+            gain = gains.get(k) or gains.get(str(k))
+            if gain:
+                low, high = gain[1], gain[2]
+                cell += f" {gain[0]:.2f}x " + (
+                    f"[{low:.2f}, {high:.2f}]" if high is not None else "(one round)"
+                )
+            cells.append(cell)
+        lines.append(f"concurrency {concurrency}: {', '.join(cells)} -> k={chosen.get('k')}")
     return lines
 
 
@@ -490,6 +544,7 @@ ARGUMENT_SPEC = dict(
     output=dict(type="str", choices=["schedule", "single"], default="schedule"),
     max_num_seqs=dict(type="int", default=256),
     min_gain=dict(type="float", default=0.05),
+    confidence=dict(type="float", default=0.95),
     profile=dict(type="dict", default={}),
     min_mean_acceptance_length=dict(type="float"),
     floors_at_k=dict(type="int", default=3),
@@ -522,6 +577,8 @@ def validate(params):
         return f"concurrency {levels[-1]} is above the server's max_num_seqs {params['max_num_seqs']}"
     if params["rounds"] < 1 or params["max_tokens"] < 1:
         return "rounds and max_tokens must be at least 1"
+    if not 0 < params["confidence"] < 1:
+        return f"confidence must be between 0 and 1, not {params['confidence']}"
     if not params["speculative_config"].get("model"):
         return "speculative_config has no model (the drafter)"
     return None

@@ -2,13 +2,17 @@
 spec_tune, and by the bench that prints its figures).
 
 The table has one row per (k, concurrency): output tokens per second and inter-token latency with k
-speculative tokens (k = 0: speculation off) at that many concurrent requests, and, for k > 0, the
-acceptance counted meanwhile. Per concurrency the best k is the fastest, if it beats speculation off
-by `min_gain` (a noise floor), else 0. A concurrency c_i measured stands for batch sizes c_i up to the
-next one measured, less one; the last up to max_num_seqs. vLLM's schedule
+speculative tokens (k = 0: speculation off) at that many concurrent requests, each round's tokens per
+second (round r sends the same requests at every k), and, for k > 0, the acceptance counted meanwhile.
+A k's gain over speculation off is measured on paired rounds: the mean of log(speed at k / speed at 0)
+over the rounds, with its Student's t interval; a k is shown to pay where the interval's low end is at
+least 1 + `min_gain` (one round shows nothing). Per concurrency, ascending, the best k is the fastest
+shown, and never larger than the k chosen below it (speculation pays less in larger batches: a k that
+comes back at a larger batch is noise), else 0. A concurrency c_i measured stands for batch sizes c_i
+up to the next one measured, less one; the last up to max_num_seqs. vLLM's schedule
 (num_speculative_tokens_per_batch_size, vLLM >= 0.24) is that list of [start, end, k] ranges. Without
 it one k serves every batch size: the one with the best weighted geometric mean of its speed over
-speculation off on the inventory's concurrency profile.
+speculation off on the inventory's concurrency profile, shown the same way.
 
 Greedy drafting proposes the same first tokens whatever k is, so the per-position acceptance measured
 at the largest k predicts the mean acceptance length of every smaller k: 1 + a_0 + ... + a_{k-1}.
@@ -18,12 +22,14 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils.spec_stats import floor_at_k
+from ansible.module_utils.spec_stats import floor_at_k, t_score, z_score
 
 __all__ = [
     "SCHEDULE_KEY",
     "ScheduleError",
     "predicted_mean_length",
+    "gain_interval",
+    "gains",
     "best_k_per_concurrency",
     "schedule_ranges",
     "k_for_batch",
@@ -63,25 +69,70 @@ def gate_floor(min_mean_length, reference_k):
 
 
 def _speeds(rows, eligible=None):
-    """{concurrency: {k: tokens_per_second}} of the eligible rows; every concurrency needs k = 0."""
+    """{concurrency: {k: [tokens/s of each round]}} of the eligible rows (a row without rounds is one
+    round); every concurrency needs k = 0."""
     speeds = {}
     for row in rows:
         if eligible is not None and not eligible(row):
             continue
-        speeds.setdefault(int(row["concurrency"]), {})[int(row["k"])] = float(row["tokens_per_second"])
+        rounds = [float(speed) for speed in row.get("rounds_tokens_per_second") or [row["tokens_per_second"]]]
+        speeds.setdefault(int(row["concurrency"]), {})[int(row["k"])] = rounds
     for concurrency, by_k in speeds.items():
-        if by_k.get(0, 0) <= 0:
+        if not by_k.get(0) or min(by_k[0]) <= 0:
             raise ScheduleError(f"no speed without speculation at concurrency {concurrency}")
     return dict(sorted(speeds.items()))
 
 
-def best_k_per_concurrency(rows, min_gain, eligible=None):
-    """{concurrency: (k, speed over speculation off)}: the fastest eligible k; 0 unless it gains min_gain."""
-    chosen = {}
-    for concurrency, by_k in _speeds(rows, eligible).items():
-        off = by_k[0]
-        k, speed = max(((k, s) for k, s in by_k.items() if k > 0), key=lambda item: item[1], default=(0, off))
-        chosen[concurrency] = (k, speed / off) if speed >= off * (1 + min_gain) else (0, 1.0)
+def _log_ratios(off, on):
+    """log(speed at k / speed off) of each round both measured (round r: the same requests)."""
+    return [math.log(max(b, 1e-9) / a) for a, b in zip(off, on)]
+
+
+def gain_interval(logs, confidence):
+    """(gain, low, high): exp of the mean log ratio over the rounds and of its Student's t interval;
+    one round gives no interval: (gain, 0.0, None)."""
+    n = len(logs)
+    mean = sum(logs) / n
+    if n < 2:
+        return math.exp(mean), 0.0, None
+    spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = t_score(z_score(confidence), n - 1) * spread / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _rounded(interval):
+    return [None if value is None else round(value, 4) for value in interval]
+
+
+def gains(rows, confidence=0.95, eligible=None):
+    """{concurrency: {k: [gain, low, high]}} of every eligible k > 0 over speculation off (gain_interval)."""
+    return {
+        concurrency: {
+            k: _rounded(gain_interval(_log_ratios(by_k[0], rounds), confidence))
+            for k, rounds in sorted(by_k.items())
+            if k > 0
+        }
+        for concurrency, by_k in _speeds(rows, eligible).items()
+    }
+
+
+def _shown(interval, min_gain):
+    return interval[1] >= 1 + min_gain - 1e-9
+
+
+def best_k_per_concurrency(rows, min_gain, eligible=None, confidence=0.95):
+    """{concurrency: (k, gain over speculation off)}: ascending, the fastest eligible k shown to gain
+    min_gain (the low end of its interval) and no larger than the k chosen at the concurrency below;
+    else (0, 1.0)."""
+    chosen, cap = {}, None
+    for concurrency, by_k in gains(rows, confidence, eligible).items():
+        shown = [
+            (k, interval[0])
+            for k, interval in by_k.items()
+            if _shown(interval, min_gain) and (cap is None or k <= cap)
+        ]
+        chosen[concurrency] = max(shown, key=lambda item: item[1], default=(0, 1.0))
+        cap = chosen[concurrency][0]
     return chosen
 
 
@@ -117,10 +168,11 @@ def k_for_batch(schedule, batch_size, default):
     return min(k, default)
 
 
-def single_k(rows, profile, min_gain, eligible=None):
-    """(k, {k: score}) for one k at every batch size: the score is the weighted geometric mean, over
-    the profile's concurrencies ({concurrency: weight}; {} weighs every measured one alike), of the
-    speed over speculation off; k = 0 unless the best scores 1 + min_gain."""
+def single_k(rows, profile, min_gain, eligible=None, confidence=0.95):
+    """(k, {k: score}, {k: [low, high]}) for one k at every batch size: the score is the weighted
+    geometric mean, over the profile's concurrencies ({concurrency: weight}; {} weighs every measured one
+    alike), of the speed over speculation off, taken round by round, with its interval over the rounds;
+    the best score whose interval's low end reaches 1 + min_gain, else k = 0."""
     speeds = _speeds(rows, eligible)
     weights = {int(c): float(w) for c, w in (profile or {}).items() if float(w) > 0} or dict.fromkeys(
         speeds, 1.0
@@ -130,31 +182,39 @@ def single_k(rows, profile, min_gain, eligible=None):
         raise ScheduleError(f"concurrency profile names {missing[0]}, which was not measured")
     total = sum(weights.values())
     ks = sorted({k for by_k in speeds.values() for k in by_k})
-    scores = {}
+    scores, intervals = {}, {}
     for k in ks:
         if all(k in speeds[c] for c in weights):
-            log_mean = sum(w * math.log(speeds[c][k] / speeds[c][0]) for c, w in weights.items()) / total
-            scores[k] = round(math.exp(log_mean), 4)
-    best = max((k for k in scores if k > 0), key=lambda k: scores[k], default=0)
-    return (best if best and scores[best] >= 1 + min_gain else 0), scores
+            ratios = {c: _log_ratios(speeds[c][0], speeds[c][k]) for c in weights}
+            rounds = min(len(logs) for logs in ratios.values())
+            logs = [sum(w * ratios[c][r] for c, w in weights.items()) / total for r in range(rounds)]
+            score, low, high = _rounded(gain_interval(logs, confidence))
+            scores[k], intervals[k] = score, [low, high]
+    shown = [k for k in scores if k > 0 and _shown([None, intervals[k][0]], min_gain)]
+    return max(shown, key=lambda k: scores[k], default=0), scores, intervals
 
 
-def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None):
+def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None, confidence=0.95):
     """The speculation settings from the table: a dict with
-    - speculation: False when no k pays at batch size 1 (then nothing else matters: the drafter
-      costs more than it saves where it helps most);
+    - speculation: False when no k is shown to pay at batch size 1 (then nothing else matters: the
+      drafter costs more than it saves where it helps most);
     - num_speculative_tokens: the largest k used;
     - schedule: [[start, end, k], ...] when `output` is "schedule" and k differs between ranges, else None;
-    - per_concurrency: {concurrency: {k, gain}}; scores (single k only); reason: one line.
+    - per_concurrency: {concurrency: {k, gain, gains: {k: [gain, low, high]}}}; scores and intervals
+      (single k only); reason: one line.
     Only the rows `eligible` accepts are candidates (gate_floor: those the gate would pass).
     """
-    per_concurrency = best_k_per_concurrency(rows, min_gain, eligible)
-    table = {c: {"k": k, "gain": round(gain, 4)} for c, (k, gain) in per_concurrency.items()}
+    per_concurrency = best_k_per_concurrency(rows, min_gain, eligible, confidence)
+    measured = gains(rows, confidence, eligible)
+    table = {
+        c: {"k": k, "gain": round(gain, 4), "gains": measured[c]} for c, (k, gain) in per_concurrency.items()
+    }
+    shown_as = f"the low end of its {confidence:.0%} interval"
     if output == "schedule":
         ranges = schedule_ranges({c: k for c, (k, _gain) in per_concurrency.items()}, max_num_seqs)
         top = max(k for _start, _end, k in ranges)
         if ranges[0][2] == 0:
-            return _off(table, f"speculation gains less than {min_gain:.0%} at concurrency {min(table)}")
+            return _off(table, f"no k gains {min_gain:.0%} at concurrency {min(table)} ({shown_as})")
         shown = ", ".join(f"{start}-{end}: k={k}" for start, end, k in ranges)
         return {
             "speculation": True,
@@ -163,16 +223,22 @@ def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None):
             "per_concurrency": table,
             "reason": f"schedule {shown} (batch size: k)",
         }
-    k, scores = single_k(rows, profile, min_gain, eligible)
+    k, scores, intervals = single_k(rows, profile, min_gain, eligible, confidence)
     if k == 0:
-        return dict(_off(table, f"no k gains {min_gain:.0%} on the concurrency profile"), scores=scores)
+        off = _off(table, f"no k gains {min_gain:.0%} on the concurrency profile ({shown_as})")
+        return dict(off, scores=scores, intervals=intervals)
+    low, high = intervals[k]
+    shown = f"[{low:.2f}, {high:.2f}]" if high is not None else "(one round: no interval)"
     return {
         "speculation": True,
         "num_speculative_tokens": k,
         "schedule": None,
         "per_concurrency": table,
         "scores": scores,
-        "reason": f"k={k} at every batch size ({scores[k]:.2f}x speculation off on the concurrency profile)",
+        "intervals": intervals,
+        "reason": (
+            f"k={k} at every batch size ({scores[k]:.2f}x {shown} speculation off on the concurrency profile)"
+        ),
     }
 
 

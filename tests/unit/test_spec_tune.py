@@ -15,10 +15,21 @@ FIXTURES = REPO / "tests" / "fixtures"
 DRIVER = "575.57.08"
 
 
-def rows(speeds):
-    """Table rows from {concurrency: [tokens/s at k=0, k=1, ...]}."""
+# Three rounds, each slowed or sped alike at every k (the machine's load in that round): paired, the gain of
+# a k over speculation off is the same in every round, its interval of zero width.
+ROUND_LOAD = (0.97, 1.0, 1.03)
+
+
+def rows(speeds, rounds=ROUND_LOAD):
+    """Table rows from {concurrency: [tokens/s at k=0, k=1, ...]}, each round's at the round's load."""
     return [
-        {"k": k, "concurrency": c, "tokens_per_second": speed, "inter_token_latency_ms": 1000 * c / speed}
+        {
+            "k": k,
+            "concurrency": c,
+            "tokens_per_second": speed,
+            "rounds_tokens_per_second": [round(speed * load, 6) for load in rounds],
+            "inter_token_latency_ms": 1000 * c / speed,
+        }
         for c, by_k in speeds.items()
         for k, speed in enumerate(by_k)
     ]
@@ -79,13 +90,54 @@ def test_one_range_needs_no_schedule_and_no_gain_at_1_turns_speculation_off():
     costly = {1: [100, 102, 98, 90], 2: [190, 230, 200, 180]}
     off = spec_schedule.choose(rows(costly), "schedule", 256, 0.05)
     assert off["speculation"] is False
-    assert off["reason"] == "speculation off: speculation gains less than 5% at concurrency 1"
+    assert off["reason"] == (
+        "speculation off: no k gains 5% at concurrency 1 (the low end of its 95% interval)"
+    )
+
+
+def test_a_gain_is_an_interval_over_paired_rounds():
+    # log ratios 0.10 .. 0.30 over five rounds: mean 0.2, sd 0.079, t(0.975, 4) = 2.776.
+    gain, low, high = spec_schedule.gain_interval([0.1, 0.15, 0.2, 0.25, 0.3], 0.95)
+    assert (gain, low, high) == pytest.approx((1.2214, 1.1072, 1.3474), abs=1e-3)
+    # One round: a figure, no interval.
+    assert spec_schedule.gain_interval([0.2], 0.95) == (pytest.approx(1.2214, abs=1e-4), 0.0, None)
+
+
+def test_a_gain_the_rounds_do_not_agree_on_is_not_chosen():
+    steady = rows({1: [100, 108]}, rounds=(1.0, 1.0, 1.0))
+    for row, ratios in zip(steady, ([1.0, 1.0, 1.0], [1.08, 1.09, 1.07])):
+        row["rounds_tokens_per_second"] = [100 * ratio for ratio in ratios]
+    noisy = [dict(row) for row in steady]
+    noisy[1]["rounds_tokens_per_second"] = [120.0, 90.0, 114.0]  # the same mean gain, rounds apart
+    assert spec_schedule.best_k_per_concurrency(steady, 0.05)[1][0] == 1
+    assert spec_schedule.gains(noisy)[1][1][1] < 1.05
+    assert spec_schedule.best_k_per_concurrency(noisy, 0.05) == {1: (0, 1.0)}
+    # -1 takes the fastest as measured, whatever its interval.
+    assert spec_schedule.best_k_per_concurrency(noisy, -1)[1][0] == 1
+
+
+def test_one_measurement_per_cell_shows_nothing_and_k_never_rises_with_the_batch():
+    """The demo box's measurement (one per cell, at concurrency 2 and 4 as reported; concurrency 1 for the
+    example): with one round no gain is shown; taken as measured (min_gain -1), k stays off once it is
+    lower, where the single cells said k=2, then 0, then 1 again."""
+    demo = {1: [380, 420, 450], 2: [685, 715, 642], 4: [1254, 1401, 1212]}
+    table = rows(demo, rounds=(1.0,))
+    for row in table:
+        del row["rounds_tokens_per_second"]  # a table kept before rounds: one each
+    assert spec_schedule.choose(table, "schedule", 8, 0.05)["speculation"] is False
+    fastest = spec_schedule.best_k_per_concurrency(table, -1)
+    assert {c: k for c, (k, _gain) in fastest.items()} == {1: 2, 2: 1, 4: 1}
+    # Over rounds that agree: k=1 gains 2% at 2 (under 5%, off), 12% at 4; off stays off at 4.
+    choice = spec_schedule.choose(rows(demo | {2: [685, 700, 642]}), "schedule", 8, 0.05)
+    assert choice["schedule"] == [[1, 1, 2], [2, 8, 0]], choice
+    assert choice["per_concurrency"][4]["gains"][1] == [1.1172] * 3
 
 
 def test_single_k_for_the_concurrency_profile():
     # All alike: geometric mean of the speed-ups over 1, 2, 4, 8 (k=2: 1.27, k=1: 1.25, k=3: 1.22).
-    k, scores = spec_schedule.single_k(rows(CROSSOVER), {}, 0.05)
+    k, scores, intervals = spec_schedule.single_k(rows(CROSSOVER), {}, 0.05)
     assert k == 2 and scores[2] == pytest.approx((1.9 * 300 / 190 * 380 / 360 * 540 / 650) ** 0.25, abs=1e-4)
+    assert intervals[2] == [pytest.approx(scores[2], abs=1e-4)] * 2  # the rounds agree
     # Mostly single requests: the deepest draft wins.
     assert spec_schedule.single_k(rows(CROSSOVER), {1: 0.9, 8: 0.1}, 0.05)[0] == 3
     # Mostly batch 8: speculation off.
