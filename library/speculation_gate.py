@@ -152,8 +152,10 @@ options:
       - The k at which O(min_mean_acceptance_length) and O(min_acceptance_rate) are stated (e.g. 3). With
         O(speculative_config), each floor is converted to the served C(k) so that it means the same drafter
         quality whatever k a schedule serves (C(floor_at_k) in module_utils/spec_stats.py takes per-position
-        acceptance as decaying geometrically; 2.2 at k=3 is 1.61 at k=1 and 1.98 at k=2). Without it
-        the floors are taken as given.
+        acceptance as decaying geometrically; 2.2 at k=3 is 1.61 at k=1 and 1.98 at k=2). Where the
+        responses carry each verify step's draft length (C(--per-request-spec-decode-metrics detailed)) and a
+        schedule drafted several, each floor is the one expected over that mix (C(draft_lengths)). Without
+        it the floors are taken as given.
     type: int
   best:
     description:
@@ -339,6 +341,18 @@ ansible_facts:
           description: Where C(per_request) came from, C(responses) or C(counters); null when it is empty.
           type: str
           sample: counters
+        draft_lengths:
+          description:
+            - The lengths the server drafted, with each one's verify steps and mean acceptance length,
+              where every response said them (a server with C(--per-request-spec-decode-metrics
+              detailed)); else null. Under a C(num_speculative_tokens_per_batch_size) schedule at a
+              concurrency above 1 the batch size moves and so does the length; with O(floors_at_k) the
+              floors are then those of this mix (C(floors)).
+          type: list
+          elements: dict
+          sample:
+            - {"k": 1, "drafts": 130, "mean_acceptance_length": 1.9091}
+            - {"k": 3, "drafts": 2, "mean_acceptance_length": 2.0}
         distinct_requests:
           description: Distinct requests in the workload (identical bodies are one); the budget's limit.
           type: int
@@ -688,9 +702,11 @@ def served_k(params):
     return k_for_batch(config.get(SCHEDULE_KEY), params["concurrency"], k)
 
 
-def floors(params, k):
-    """{option: floor} in force: as given, or converted from floors_at_k to the served k; and, with a
-    best record and max_regression, each compared figure's best less the margin."""
+def floors(params, k, lengths=None):
+    """{option: floor} in force: as given, or converted from floors_at_k to the served k - or, where the
+    responses said which lengths the server drafted ({length: verify steps}) and they are not all k, to
+    that mix (a schedule drafts by the batch size of each step); and, with a best record and
+    max_regression, each compared figure's best less the margin."""
     thresholds = {
         option: params[option] for _fact, option, _has_interval in THRESHOLDS if not option.endswith(VS_BEST)
     }
@@ -699,7 +715,14 @@ def floors(params, k):
         if best.get(fact):
             thresholds[f"min_{fact}{VS_BEST}"] = round(float(best[fact]) * (1 - margin), 4)
     reference = params["floors_at_k"]
-    if reference and k and k != reference:
+    if reference and lengths and set(lengths) != {k}:
+        mean, rate = spec_stats.floors_for_lengths(
+            thresholds["min_mean_acceptance_length"], thresholds["min_acceptance_rate"], reference, lengths
+        )
+        for option, value in (("min_mean_acceptance_length", mean), ("min_acceptance_rate", rate)):
+            if value is not None:
+                thresholds[option] = round(value, 4)
+    elif reference and k and k != reference:
         if thresholds["min_mean_acceptance_length"] is not None:
             thresholds["min_mean_acceptance_length"] = round(
                 spec_stats.floor_at_k(thresholds["min_mean_acceptance_length"], reference, k), 4
@@ -741,7 +764,7 @@ class Measurement:
         self.snapshots = [spec_series(self.first.samples, model, base_url)] if self.speculation else []
         self.read_after_each = params["concurrency"] == 1 and self.speculation
         self.completion_tokens, self.elapsed, self.errors, self.sent = 0, 0.0, [], 0
-        self.from_responses, self.per_round = [], []
+        self.from_responses, self.lengths, self.per_round = [], [], []
 
     def read_series(self):
         samples = scrape(self.base_url, self.api_key, self.timeout).samples
@@ -752,7 +775,7 @@ class Measurement:
 
     def round(self, requests):
         params = self.module.params
-        tokens, elapsed, errors, counts = run_requests(
+        tokens, elapsed, errors, counts, lengths = run_requests(
             self.base_url + "/v1/chat/completions",
             self.api_key,
             self.model,
@@ -769,6 +792,7 @@ class Measurement:
         self.errors += errors
         self.sent += len(requests)
         self.from_responses += counts
+        self.lengths += lengths
 
     def per_request(self):
         """(counts of each request, where they came from): the responses' own where every answered
@@ -779,6 +803,20 @@ class Measurement:
         if self.read_after_each:
             return per_request_counts(self.snapshots), "counters"
         return [], None
+
+    def draft_lengths(self):
+        """{draft length: [verify steps, accepted draft tokens]} over the requests, where every answered
+        request's response said (--per-request-spec-decode-metrics detailed); None otherwise."""
+        answered = [lengths for lengths in self.lengths if lengths is not None]
+        if not answered or len(answered) != self.sent - len(self.errors):
+            return None
+        merged = {}
+        for lengths in answered:
+            for length, (steps, taken) in lengths.items():
+                entry = merged.setdefault(length, [0, 0])
+                entry[0] += steps
+                entry[1] += taken
+        return dict(sorted(merged.items())) or None
 
     def window(self):
         """Spec-decode figures from the first read to now, with intervals."""
@@ -796,6 +834,16 @@ class Measurement:
             figures["per_position_acceptance"] = figures["per_position_acceptance"][: self.k]
         counts, source = self.per_request()
         figures.update(per_request=counts, per_request_source=source)
+        lengths = self.draft_lengths()
+        figures["draft_lengths"] = (
+            [
+                {"k": length, "drafts": steps, "mean_acceptance_length": round(1 + taken / steps, 4)}
+                for length, (steps, taken) in lengths.items()
+                if steps
+            ]
+            if lengths
+            else None
+        )
         figures["intervals"] = spec_stats.intervals(
             figures, self.module.params["confidence"], per_request=counts
         )
@@ -895,6 +943,12 @@ def main():
             facts.update(measured.window())
         except (VllmApiError, SpecMetricsError) as exc:
             module.fail_json(msg=str(exc), ansible_facts={"speculation_gate": facts})
+        if facts["draft_lengths"]:
+            # The floors at the lengths the server drafted (a schedule's mix), once the responses say them.
+            thresholds = floors(
+                params, measured.k, {row["k"]: row["drafts"] for row in facts["draft_lengths"]}
+            )
+            facts["floors"] = thresholds
         if not facts["num_draft_tokens"]:
             module.fail_json(
                 msg=(

@@ -25,6 +25,7 @@ __all__ = [
     "workload",
     "workload_digest",
     "chat_once",
+    "draft_length_counts",
     "run_requests",
     "stream_once",
     "load_cell",
@@ -99,9 +100,29 @@ def spec_decode_counts(body):
     return counts if all(isinstance(n, int) and not isinstance(n, bool) for n in counts) else None
 
 
+def draft_length_counts(body):
+    """{draft length: [verify steps, accepted draft tokens]} of a response's per-step figures (vLLM's
+    --per-request-spec-decode-metrics detailed, 0.32 on: per_step_drafted and per_step_accepted), or None
+    without them. A k schedule drafts another length when the batch size moves."""
+    metrics = body.get("metrics") if isinstance(body, dict) else None
+    figures = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    drafted = figures.get("per_step_drafted") if isinstance(figures, dict) else None
+    accepted = figures.get("per_step_accepted") if isinstance(figures, dict) else None
+    if not isinstance(drafted, list) or not isinstance(accepted, list) or len(drafted) != len(accepted):
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in drafted + accepted):
+        return None
+    lengths = {}
+    for length, taken in zip(drafted, accepted):
+        entry = lengths.setdefault(length, [0, 0])
+        entry[0] += 1
+        entry[1] += taken
+    return dict(sorted(lengths.items()))
+
+
 def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
-    """One chat completion of a request body; return (usage.completion_tokens, spec_decode_counts of the
-    response). Raises VllmApiError."""
+    """One chat completion of a request body; return (usage.completion_tokens, spec_decode_counts and
+    draft_length_counts of the response). Raises VllmApiError."""
     payload = {
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -118,26 +139,29 @@ def chat_once(url, api_key, model, request, max_tokens, temperature, timeout):
             url,
             status,
         )
-    return tokens, spec_decode_counts(body)
+    return tokens, spec_decode_counts(body), draft_length_counts(body)
 
 
 def run_requests(
     url, api_key, model, requests, max_tokens, temperature, concurrency, timeout, after_each=None
 ):
     """Send every request with `concurrency` threads; return (completion_tokens, elapsed_s, errors,
-    counts).
+    counts, lengths).
 
-    errors is a list of the VllmApiError of each failed request, in order; counts the spec_decode_counts
-    of each request's response, in order (None where the response had none, or the request failed). At
-    concurrency 1, after_each() (when given) is called after every request: the counters are read there.
+    errors is a list of the VllmApiError of each failed request, in order; counts and lengths the
+    spec_decode_counts and draft_length_counts of each request's response, in order (None where the
+    response had none, or the request failed). At concurrency 1, after_each() (when given) is called after
+    every request: the counters are read there.
     """
 
     def one(request):
         try:
-            tokens, counts = chat_once(url, api_key, model, request, max_tokens, temperature, timeout)
-            return tokens, counts, None
+            tokens, counts, lengths = chat_once(
+                url, api_key, model, request, max_tokens, temperature, timeout
+            )
+            return tokens, counts, lengths, None
         except VllmApiError as exc:
-            return 0, None, exc
+            return 0, None, None, exc
 
     started = time.monotonic()
     if concurrency == 1:
@@ -151,10 +175,11 @@ def run_requests(
             results = list(pool.map(one, requests))
     elapsed = time.monotonic() - started
     return (
-        sum(tokens for tokens, _counts, _error in results),
+        sum(result[0] for result in results),
         elapsed,
-        [error for _tokens, _counts, error in results if error],
-        [counts for _tokens, counts, _error in results],
+        [result[3] for result in results if result[3]],
+        [result[1] for result in results],
+        [result[2] for result in results],
     )
 
 

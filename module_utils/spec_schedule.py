@@ -200,12 +200,14 @@ def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None, co
       drafter costs more than it saves where it helps most);
     - num_speculative_tokens: the largest k used;
     - schedule: [[start, end, k], ...] when `output` is "schedule" and k differs between ranges, else None;
-    - per_concurrency: {concurrency: {k, gain, gains: {k: [gain, low, high]}}}; scores and intervals
+    - per_concurrency: {concurrency: {k, gain, gains: {k: [gain, low, high]} of every k measured}}; scores
+      and intervals
       (single k only); reason: one line.
     Only the rows `eligible` accepts are candidates (gate_floor: those the gate would pass).
     """
     per_concurrency = best_k_per_concurrency(rows, min_gain, eligible, confidence)
-    measured = gains(rows, confidence, eligible)
+    # Every k measured, the ones the gate would fail too: the table shows what each would have gained.
+    measured = gains(rows, confidence)
     table = {
         c: {"k": k, "gain": round(gain, 4), "gains": measured[c]} for c, (k, gain) in per_concurrency.items()
     }

@@ -27,6 +27,7 @@ __all__ = [
     "floor_alpha",
     "floor_at_k",
     "rate_floor_at_k",
+    "floors_for_lengths",
 ]
 
 # Fewer requests than this that drafted: the spread over so few says little, and no interval is given.
@@ -161,3 +162,20 @@ def rate_floor_at_k(rate_floor, reference_k, k):
     """The acceptance-rate floor at k for `rate_floor` at `reference_k`, by the same model:
     (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k."""
     return (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k
+
+
+def floors_for_lengths(mean_length_floor, rate_floor, reference_k, lengths):
+    """(mean acceptance length floor, acceptance rate floor) for verify steps that drafted a mix of lengths
+    ({draft length: steps}, as a k schedule drafts when the batch size moves): what each floor means at
+    `reference_k` (floor_alpha), expected over the mix. A floor of None stays None; one length d gives
+    floor_at_k and rate_floor_at_k at d."""
+    steps = sum(lengths.values())
+    mean = rate = None
+    if mean_length_floor is not None:
+        alpha = floor_alpha(mean_length_floor, reference_k)
+        mean = 1 + sum(n * _geometric_sum(alpha, d) for d, n in lengths.items()) / steps
+    if rate_floor is not None:
+        alpha = floor_alpha(1 + rate_floor * reference_k, reference_k)
+        drafted = sum(n * d for d, n in lengths.items())
+        rate = sum(n * _geometric_sum(alpha, d) for d, n in lengths.items()) / drafted if drafted else None
+    return mean, rate

