@@ -6,9 +6,10 @@ speculative tokens (k = 0: speculation off) at that many concurrent requests, ea
 second (round r sends the same requests at every k), and, for k > 0, the acceptance counted meanwhile.
 A k's gain over speculation off is measured on paired rounds: the mean of log(speed at k / speed at 0)
 over the rounds, with its Student's t interval; a k is shown to pay where the interval's low end is at
-least 1 + `min_gain` (one round shows nothing). Per concurrency, ascending, the best k is the fastest
-shown, and never larger than the k chosen below it (speculation pays less in larger batches: a k that
-comes back at a larger batch is noise), else 0. A concurrency c_i measured stands for batch sizes c_i
+least 1 + `min_gain` (one round shows nothing); a larger k is taken over a smaller one only where its
+gain over that one is shown the same way. Per concurrency, ascending, the k so chosen is never larger than
+the one chosen below it (speculation pays less in larger batches: a k that comes back at a larger batch is
+noise), else 0. A concurrency c_i measured stands for batch sizes c_i
 up to the next one measured, less one; the last up to max_num_seqs. vLLM's schedule
 (num_speculative_tokens_per_batch_size, vLLM >= 0.24) is that list of [start, end, k] ranges. Without
 it one k serves every batch size: the one with the best weighted geometric mean of its speed over
@@ -120,19 +121,31 @@ def _shown(interval, min_gain):
     return interval[1] >= 1 + min_gain - 1e-9
 
 
+def _beats(off, best, min_gain, confidence):
+    """Whether a k (its log ratios over speculation off, and over the k chosen so far or None) is shown to
+    gain min_gain over speculation off and, where a k is chosen already, to be faster than it by as much."""
+    if not _shown(gain_interval(off, confidence), min_gain):
+        return False
+    if best is None:
+        return True
+    point, low, _high = gain_interval(best, confidence)
+    return point > 1 and _shown([point, low], min_gain)
+
+
 def best_k_per_concurrency(rows, min_gain, eligible=None, confidence=0.95):
-    """{concurrency: (k, gain over speculation off)}: ascending, the fastest eligible k shown to gain
-    min_gain (the low end of its interval) and no larger than the k chosen at the concurrency below;
-    else (0, 1.0)."""
+    """{concurrency: (k, gain over speculation off)}: ascending in concurrency, and in k from the smallest,
+    a k is taken where its gain over speculation off is shown (the low end of its interval at least
+    1 + min_gain) and, over a smaller k already taken, its gain over that one too; never a larger k than
+    the one chosen at the concurrency below; else (0, 1.0)."""
     chosen, cap = {}, None
-    for concurrency, by_k in gains(rows, confidence, eligible).items():
-        shown = [
-            (k, interval[0])
-            for k, interval in by_k.items()
-            if _shown(interval, min_gain) and (cap is None or k <= cap)
-        ]
-        chosen[concurrency] = max(shown, key=lambda item: item[1], default=(0, 1.0))
-        cap = chosen[concurrency][0]
+    for concurrency, by_k in _speeds(rows, eligible).items():
+        best, gain = 0, 1.0
+        for k in sorted(k for k in by_k if k > 0 and (cap is None or k <= cap)):
+            over_best = _log_ratios(by_k[best], by_k[k]) if best else None
+            if _beats(_log_ratios(by_k[0], by_k[k]), over_best, min_gain, confidence):
+                best, gain = k, gain_interval(_log_ratios(by_k[0], by_k[k]), confidence)[0]
+        chosen[concurrency] = (best, gain)
+        cap = best
     return chosen
 
 
@@ -172,7 +185,8 @@ def single_k(rows, profile, min_gain, eligible=None, confidence=0.95):
     """(k, {k: score}, {k: [low, high]}) for one k at every batch size: the score is the weighted
     geometric mean, over the profile's concurrencies ({concurrency: weight}; {} weighs every measured one
     alike), of the speed over speculation off, taken round by round, with its interval over the rounds;
-    the best score whose interval's low end reaches 1 + min_gain, else k = 0."""
+    from the smallest k, a k is taken where its score shows 1 + min_gain at its interval's low end and,
+    over a smaller k taken already, its score over that one too; else k = 0."""
     speeds = _speeds(rows, eligible)
     weights = {int(c): float(w) for c, w in (profile or {}).items() if float(w) > 0} or dict.fromkeys(
         speeds, 1.0
@@ -182,16 +196,21 @@ def single_k(rows, profile, min_gain, eligible=None, confidence=0.95):
         raise ScheduleError(f"concurrency profile names {missing[0]}, which was not measured")
     total = sum(weights.values())
     ks = sorted({k for by_k in speeds.values() for k in by_k})
-    scores, intervals = {}, {}
-    for k in ks:
-        if all(k in speeds[c] for c in weights):
-            ratios = {c: _log_ratios(speeds[c][0], speeds[c][k]) for c in weights}
-            rounds = min(len(logs) for logs in ratios.values())
-            logs = [sum(w * ratios[c][r] for c, w in weights.items()) / total for r in range(rounds)]
-            score, low, high = _rounded(gain_interval(logs, confidence))
-            scores[k], intervals[k] = score, [low, high]
-    shown = [k for k in scores if k > 0 and _shown([None, intervals[k][0]], min_gain)]
-    return max(shown, key=lambda k: scores[k], default=0), scores, intervals
+
+    def weighted(low_k, k):
+        """The profile's weighted log ratio of k over low_k, round by round."""
+        ratios = {c: _log_ratios(speeds[c][low_k], speeds[c][k]) for c in weights}
+        rounds = min(len(logs) for logs in ratios.values())
+        return [sum(w * ratios[c][r] for c, w in weights.items()) / total for r in range(rounds)]
+
+    measured = [k for k in ks if all(k in speeds[c] for c in weights)]
+    scores, intervals, best = {}, {}, 0
+    for k in measured:
+        score, low, high = _rounded(gain_interval(weighted(0, k), confidence))
+        scores[k], intervals[k] = score, [low, high]
+        if k and _beats(weighted(0, k), weighted(best, k) if best else None, min_gain, confidence):
+            best = k
+    return best, scores, intervals
 
 
 def choose(rows, output, max_num_seqs, min_gain, profile=None, eligible=None, confidence=0.95):
