@@ -60,10 +60,23 @@ def kept():
     return json.loads(out.stdout)
 
 
-def start_seconds():
-    """Seconds of each trial server's start, from the journal: unit started -> vLLM's API server up."""
+def start_seconds(since):
+    """Seconds of each trial server's start since `since` (epoch seconds), from the journal: unit started ->
+    vLLM's API server up."""
     out = subprocess.run(
-        ["podman", "exec", BOX, "journalctl", "--unit", "vllm-trial", "--output", "short-unix", "--no-pager"],
+        [
+            "podman",
+            "exec",
+            BOX,
+            "journalctl",
+            "--unit",
+            "vllm-trial",
+            "--output",
+            "short-unix",
+            "--no-pager",
+            "--since",
+            f"@{int(since)}",
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         check=True,
@@ -145,13 +158,14 @@ def main():
             source = {"eagle3_drafter_source": str(MODELS / name)}
             seconds = playbook("deploy.yml", *(["--tags", "eagle3"] if index else []), **source)
             print(f"\n== {name}: deployed in {seconds:.0f} s")
+            tuned_from = time.time()
             seconds = playbook("deploy.yml", "--tags", "spec_tune", **source, **tune)
             table = kept()
             print_table(table)
             print(f"schedule: {table['choice']['reason']}")
             print(f"speculation stops paying: {crossover(table)}")
             print_predictions(table["rows"])
-            starts = start_seconds()
+            starts = start_seconds(tuned_from)
             measuring = table["cost"]["seconds"]
             loading = sum(starts)
             starts_count = table["cost"]["server_starts"]
