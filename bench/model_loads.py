@@ -10,9 +10,10 @@ the trial unit's (roles/spec_tune, roles/nccl_tune). Two boxes of its own from t
 workflows in turn, specfleet-bench-loads-2 (22127, 18005) for a first deploy whose drafter fails. Removes
 them after.
 
-    PYTHONPATH=bench .venv/bin/python -u bench/model_loads.py
+    PYTHONPATH=bench .venv/bin/python -u bench/model_loads.py [--only 'first deploy,model_weights']
 """
 
+import argparse
 import subprocess
 import sys
 import time
@@ -77,14 +78,21 @@ WORKFLOWS = [
         "playbooks/tune_nccl.yml",
         [*drafter("eagle3-known-3.0"), "-e", "nccl_tune_stop_service=true"],
         True,
-        2,
-        "one load per change, plus the baseline where the environment moved (its key has it)",
+        1,
+        "one load per change; and the baseline where the environment moved (its key has it)",
     ),
     (
         "--tags model_weights, new weights",
         0,
         "playbooks/ship_weights.yml",
-        [*drafter("eagle3-known-3.0"), "-e", f"model_weights_source={MODELS / 'tokenmap'}"],
+        [
+            *drafter("eagle3-known-3.0"),
+            "-e",
+            f"model_weights_source={MODELS / 'tokenmap'}",
+            # A link the release serves through (the sim's target lies at its path as a directory).
+            "-e",
+            "vllm_service_model_path=/srv/models/tokenmap-shipped",
+        ],
         True,
         2,
         "one load per change, plus the baseline: its key has the weights release",
@@ -140,6 +148,11 @@ def run(box, name, args, must_pass):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="", help="comma-separated: only the workflows whose name holds one")
+    args = parser.parse_args()
+    wanted = [part for part in args.only.split(",") if part] or [""]
+    workflows = [workflow for workflow in WORKFLOWS if any(part in workflow[0] for part in wanted)]
     names = list(BOXES)
     for box in names:
         subprocess.run(["podman", "rm", "-f", box], capture_output=True, check=False)
@@ -148,12 +161,12 @@ def main():
         for box in names:
             port, http = BOXES[box]
             playbook(box_vars(box, port, http), "sim/start.yml", *IMAGE)
-        for workflow, index, name, args, must_pass, fewest, note in WORKFLOWS:
+        for workflow, index, name, arguments, must_pass, fewest, note in workflows:
             box = names[index]
             time.sleep(1.1)  # the journal is read from a whole second on: none of the last workflow's
             began = time.time()
             started = time.monotonic()
-            run(box, name, args, must_pass)
+            run(box, name, arguments, must_pass)
             serving, trial = starts(box, began)
             rows.append((workflow, serving, trial, fewest, time.monotonic() - started, note))
             print(
