@@ -103,8 +103,8 @@ WORKFLOWS = [
         "deploy.yml",
         drafter("eagle3-known-1.4"),
         False,
-        2,
-        "the serving start, then the fallback's",
+        3,
+        "the baseline (its key is new), the serving start, the fallback's",
     ),
 ]
 
