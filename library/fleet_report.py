@@ -12,9 +12,10 @@ description:
     its server's C(/metrics)) and writes one self-contained HTML page (inline SVG plots, no scripts, no
     network) and a Markdown summary, each replaced atomically and only when its content changed.
   - Per box, the drafter release, vLLM, the gate's acceptance with its interval, speedup, the NCCL
-    environment's source, the age of each measurement, and alerts read from the live counters since the
-    server started (acceptance under the box's floor at the k it drafts, a collapsed position, speculation
-    off, a server that did not answer).
+    environment's source, the age of each measurement, its timed loads (the last start's seconds to its first
+    completion, the best of the same vLLM and model, failed starts), and alerts read from the live counters
+    since the server started (acceptance under the box's floor at the k it drafts, a collapsed position,
+    speculation off, a server that did not answer) and from its loads (a load much slower than its best).
     Boxes whose record is older than I(stale_days), or with alerts, stand out.
   - Plots, per box, the gate's mean acceptance length with its interval beside the floor, the per-position
     acceptance curves (gate and live), and tokens/s against concurrency per k where the box measured its
@@ -24,8 +25,9 @@ options:
   boxes:
     description:
       - One entry per box, C(host) and what was read from it, C(record) (the C(last_good) facts), C(metrics)
-        (the text of C(/metrics), or null when the server did not answer), C(floors) (roles/served's
-        C(served_floors)), and C(error) (why the box could not be read, or null).
+        (the text of C(/metrics), or null when the server did not answer), C(loads) (the box's timed starts,
+        roles/vllm_service's C(loads.json), oldest first), C(floors) (roles/served's C(served_floors)), and
+        C(error) (why the box could not be read, or null).
     type: list
     elements: dict
     required: true
@@ -41,6 +43,16 @@ options:
     description: A drafted position accepted in fewer than this fraction of drafts is an alert.
     type: float
     default: 0.05
+  load_slow_factor:
+    description:
+      - A last load this many times the box's best of the same vLLM and model is an alert (as
+        roles/monitoring's VllmLoadSlow), where it took at least I(load_slow_min_s).
+    type: float
+    default: 1.5
+  load_slow_min_s:
+    description: Seconds under which a slow load is not an alert.
+    type: float
+    default: 60
 author: specfleet
 """
 
@@ -142,12 +154,57 @@ def live_alerts(box, live, min_position_acceptance):
     return alerts
 
 
+def load_summary(loads):
+    """The last served start with the best of the same vLLM and model, and the failed ones; None when the box
+    kept no start."""
+    served = [load for load in loads if load.get("outcome") == "served"]
+    failed = [load for load in loads if load.get("outcome") == "failed"]
+    if not served and not failed:
+        return None
+    last = served[-1] if served else None
+    best = (
+        min(
+            s["seconds"]
+            for s in served
+            if (s.get("vllm"), s.get("model")) == (last.get("vllm"), last.get("model"))
+        )
+        if last
+        else None
+    )
+    return {"last": last, "best": best, "failed": failed}
+
+
+def load_cell(summary):
+    if summary is None:
+        return "none timed"
+    cell = []
+    if summary["last"]:
+        last = summary["last"]
+        cell.append(
+            f"{last['seconds']:.1f} s ({last['unit']}, k={last.get('k')}), best {summary['best']:.1f} s"
+        )
+    if summary["failed"]:
+        cell.append(f"{len(summary['failed'])} failed, last: {summary['failed'][-1].get('reason')}")
+    return "; ".join(cell)
+
+
+def load_alerts(summary, params):
+    last = (summary or {}).get("last")
+    if not last or not summary["best"]:
+        return []
+    ratio = last["seconds"] / summary["best"]
+    if ratio > params["load_slow_factor"] and last["seconds"] > params["load_slow_min_s"]:
+        return [f"load {last['seconds']:.0f} s, {ratio:.1f}x its best {summary['best']:.0f} s"]
+    return []
+
+
 def summarise(box, now, params):
     record = box.get("record") or {}
     details = record.get("details") or {}
     gate = details.get("gate") or {}
     live = live_figures(box["metrics"]) if box.get("metrics") else None
-    alerts = live_alerts(box, live, params["min_position_acceptance"])
+    loads = load_summary(box.get("loads") or [])
+    alerts = live_alerts(box, live, params["min_position_acceptance"]) + load_alerts(loads, params)
     age = _age_days(record.get("recorded_at"), now)
     if box.get("error"):
         status = "unreachable"
@@ -181,6 +238,7 @@ def summarise(box, now, params):
         if speculation.get("measured_at")
         else "not measured",
         "table": speculation.get("table") or [],
+        "loads": loads,
         "floor": (gate.get("floors") or {}).get("min_mean_acceptance_length"),
     }
 
@@ -204,6 +262,7 @@ def rows(summaries):
         "acceptance rate",
         "speedup",
         "live mean length",
+        "loads",
         "NCCL",
         "k chosen by",
         "recorded",
@@ -223,6 +282,7 @@ def rows(summaries):
                 _interval(s["gate"], "acceptance_rate"),
                 f"{speedup:.2f}x" if speedup else "n/a",
                 f"{live['mean_acceptance_length']:.2f}" if live.get("mean_acceptance_length") else "n/a",
+                load_cell(s["loads"]),
                 f"{s['nccl']} ({s['nccl_age']})",
                 f"{s['speculation']} ({s['speculation_age']})",
                 s["age"] + " ago" if s["recorded_at"] else "never",
@@ -488,6 +548,8 @@ def main():
             dest=dict(type="path", required=True),
             stale_days=dict(type="float", default=7),
             min_position_acceptance=dict(type="float", default=0.05),
+            load_slow_factor=dict(type="float", default=1.5),
+            load_slow_min_s=dict(type="float", default=60),
         ),
         supports_check_mode=True,
     )

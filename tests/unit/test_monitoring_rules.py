@@ -32,7 +32,8 @@ BOXES = {
     "k1-box": {**DRAFTER},
     "stated-box": {**DRAFTER, "gate_floors_at_k": 0, "gate_min_acceptance_rate": 0},
     "off-box": {**DRAFTER},
-    "ungated-box": {"gate_enabled": False, "vllm_service_port": 9000},
+    # Without the proxy: vLLM's own port, and no path for its timed loads.
+    "ungated-box": {"gate_enabled": False, "vllm_service_port": 9000, "vllm_service_proxy": False},
 }
 MODEL = "kimi"
 
@@ -234,10 +235,19 @@ def test_an_alert_says_the_floor_it_missed(exported, tmp_path):
 
 def test_the_export_holds_what_prometheus_needs(exported):
     targets = yaml.safe_load((exported / "specfleet-targets.yml").read_text())
-    assert {t["labels"]["host"]: t["targets"] for t in targets} == {
+    assert {t["labels"]["host"]: t["targets"] for t in targets if "metrics" not in t["labels"]} == {
         name: [f"10.0.0.{i}:{values.get('vllm_service_port', 8000)}"]
         for i, (name, values) in enumerate(BOXES.items(), 1)
     }
+    # Each box's timed loads, through its proxy, at the same address.
+    assert [(t["labels"], t["targets"]) for t in targets if "metrics" in t["labels"]] == [
+        (
+            {"host": name, "metrics": "loads", "__metrics_path__": "/specfleet/loads"},
+            [f"10.0.0.{i}:8000"],
+        )
+        for i, (name, values) in enumerate(BOXES.items(), 1)
+        if values.get("vllm_service_proxy", True)
+    ]
     snippet = yaml.safe_load((exported / "prometheus-snippet.yml").read_text())
     assert snippet["rule_files"] == ["/etc/prometheus/rules/*.yml"]
     [job] = snippet["scrape_configs"]
@@ -321,3 +331,45 @@ def test_a_prometheus_that_cannot_load_the_rules_stops_with_one_line(prometheus_
     [failure] = run.failures("prom-01")
     assert line in failure and "\n" not in failure, failure
     assert sorted(p.name for p in etc.rglob("*") if p.is_file()) == ["prometheus.yml"]
+
+
+def loads(box, last, best):
+    """A box's timed loads as the proxy serves them (roles/vllm_service's loads.prom)."""
+    labels = f'job="specfleet-vllm", host="{box}", metrics="loads", vllm="vllm-0.33.0", model="r2"'
+    return [
+        {"series": f"specfleet_vllm_last_load_seconds{{{labels}}}", "values": f"{last}x{MINUTES}"},
+        {"series": f"specfleet_vllm_best_load_seconds{{{labels}}}", "values": f"{best}x{MINUTES}"},
+    ]
+
+
+def test_a_load_much_slower_than_the_box_s_best_alerts(exported, tmp_path):
+    rules = without_annotations(exported / "specfleet.rules.yml", tmp_path / "rules.yml")
+    releases = {"job": "specfleet-vllm", "metrics": "loads", "vllm": "vllm-0.33.0", "model": "r2"}
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": [
+                # Ten minutes of a 550 GB checkpoint, as fast as it has been: nothing to say.
+                *loads("steady-box", 600, 570),
+                # Three times its best: a lost compile cache, a slow disk.
+                *loads("slow-box", 1800, 600),
+                # Four times, but in seconds: noise at that scale.
+                *loads("tiny-box", 40, 10),
+                # Its loads not served (a 404 before its first timed start): the server itself is up.
+                {
+                    "series": 'up{job="specfleet-vllm", host="slow-box", metrics="loads"}',
+                    "values": f"0x{MINUTES}",
+                },
+            ],
+            "alert_rule_test": [
+                {
+                    "eval_time": "5m",
+                    "alertname": "VllmLoadSlow",
+                    "exp_alerts": [alert("slow-box", **releases)],
+                },
+                {"eval_time": "5m", "alertname": "VllmServerDown", "exp_alerts": []},
+            ],
+        }
+    ]
+    result = promtool_test(tmp_path, rules, tests)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -6,10 +6,13 @@ import argparse
 import http.server
 import importlib.util
 import json
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from promtool_rules import PROMTOOL
 
 ROOT = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("vllm_ready", ROOT / "roles/vllm_service/files/vllm_ready.py")
@@ -63,7 +66,7 @@ def test_the_completion_uses_the_key_from_the_env_file(server, tmp_path):
     env_file = tmp_path / "vllm.env"
     env_file.write_text(f"# written by roles/vllm_service\nVLLM_API_KEY={KEY}\n")
     code, said = vllm_ready.completion(arguments(base_url, env_file))
-    assert (code, json.loads(said)) == (0, {"completion": " Paris, a city"})
+    assert (code, said) == (0, " Paris, a city")
     path, authorization, body = seen[-1]
     assert (path, authorization) == ("/v1/completions", f"Bearer {KEY}")
     assert body == {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
@@ -114,3 +117,113 @@ def test_the_load_stage_follows_a_real_start_line_by_line():
         "Waiting for application startup.",
     ]
     assert vllm_ready.load_progress(lines[:5]) is None  # the API server's arguments, no stage yet
+
+
+# A unit as `systemctl show` prints it: its ExecStart as systemd parsed the unit's quoted arguments.
+EXEC_START = (
+    "{{ path=/opt/vllm/releases/vllm-0.32.0/bin/vllm ; argv[]=/opt/vllm/releases/vllm-0.32.0/bin/vllm serve "
+    "{model} --served-model-name tokenmap --host 127.0.0.1 --port 18000 --tensor-parallel-size 1 "
+    '--speculative-config {{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3}} ; '
+    "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }}"
+)
+
+
+def now_us():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+@pytest.fixture
+def box(tmp_path):
+    """The model and the drafter as links to their releases, as roles/model_weights and eagle3_drafter
+    leave them, and a unit started 40 s ago."""
+    for name in ("model", "drafter"):
+        (tmp_path / f"{name}.releases/r1").mkdir(parents=True)
+        (tmp_path / name).symlink_to(tmp_path / f"{name}.releases/r1")
+    state = {
+        "ActiveState": "activating",
+        "InvocationID": "a1",
+        "ExecStart": EXEC_START.format(model=tmp_path / "model", drafter=tmp_path / "drafter"),
+        "ExecMainStartTimestampMonotonic": str(now_us() - 40_000_000),
+        "ExecMainExitTimestampMonotonic": "0",
+    }
+    loads = vllm_ready.Loads(str(tmp_path / "loads"), 3, "vllm")
+    return tmp_path, state, loads
+
+
+def test_a_start_seen_loading_is_timed_to_its_first_completion_with_what_it_started(box):
+    root, state, loads = box
+    assert loads.observe(state, "loading")["outcome"] == "loading"
+    assert loads.observe(state, "loading") is None  # seen before: nothing written
+    served = loads.observe(state, "served")
+    assert 40 <= served["seconds"] < 45
+    assert {key: served[key] for key in ("unit", "vllm", "model", "drafter", "k", "outcome")} == {
+        "unit": "vllm",
+        "vllm": "vllm-0.32.0",
+        "model": str(root / "model.releases/r1"),
+        "drafter": str(root / "drafter.releases/r1"),
+        "k": 3,
+        "outcome": "served",
+    }
+    assert loads.observe(state, "served") is None  # a later check of the same start keeps nothing
+    assert [load["invocation"] for load in loads.read()] == ["a1"]
+
+
+def test_a_start_first_seen_serving_has_no_time_to_give(box):
+    _, state, loads = box
+    assert loads.observe(state, "served") is None
+    assert loads.read() == []
+
+
+def test_a_failed_start_is_kept_to_its_exit_and_an_abandoned_one_marked(box):
+    _, state, loads = box
+    loads.observe(state, "loading")
+    # The play that watched a1 ended; the next one starts the unit again and sees it crash.
+    again = dict(state, InvocationID="b2")
+    loads.observe(again, "loading")
+    crashed = dict(again, ActiveState="failed")
+    crashed["ExecMainExitTimestampMonotonic"] = str(
+        int(state["ExecMainStartTimestampMonotonic"]) + 12_500_000
+    )
+    failed = loads.observe(crashed, "failed", "vllm crashed (failed/failed, 0 automatic restarts)")
+    assert (failed["invocation"], failed["outcome"], failed["seconds"], failed["reason"]) == (
+        "b2",
+        "failed",
+        12.5,
+        "vllm crashed (failed/failed, 0 automatic restarts)",
+    )
+    assert [load["outcome"] for load in loads.read()] == ["unfinished", "failed"]
+
+
+def test_a_crash_restarted_by_systemd_fails_the_start_that_was_watched(box):
+    _, state, loads = box
+    loads.observe(state, "loading")
+    # After the crash, systemd's automatic restart runs under a new invocation, started 2 s ago.
+    restarted = dict(state, InvocationID="r2", ExecMainStartTimestampMonotonic=str(now_us() - 2_000_000))
+    failed = loads.observe(
+        restarted, "failed", "vllm crashed (activating/auto-restart, 1 automatic restarts)"
+    )
+    assert (failed["invocation"], failed["outcome"]) == ("a1", "failed")
+    assert 40 <= failed["seconds"] < 45
+    assert [load["invocation"] for load in loads.read()] == ["a1"]
+
+
+def test_the_box_keeps_its_latest_starts_and_exports_last_against_best(box, tmp_path):
+    root, state, loads = box
+    started = int(state["ExecMainStartTimestampMonotonic"])
+    for invocation, ago_s in (("a", 30), ("b", 20), ("c", 50), ("d", 25)):
+        start = dict(
+            state, InvocationID=invocation, ExecMainStartTimestampMonotonic=str(now_us() - ago_s * 1_000_000)
+        )
+        loads.observe(start, "loading")
+        loads.observe(start, "served")
+    assert started and [load["invocation"] for load in loads.read()] == ["b", "c", "d"]
+    text = (root / "loads/loads.prom").read_text()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    labels = '{vllm="vllm-0.32.0",model="r1"}'
+    assert 25 <= float(samples[f"specfleet_vllm_last_load_seconds{labels}"]) < 27
+    assert 20 <= float(samples[f"specfleet_vllm_best_load_seconds{labels}"]) < 22
+    assert samples['specfleet_vllm_kept_loads{outcome="served"}'] == "3"
+    # Prometheus's own linter reads it as valid exposition text.
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert oct((root / "loads/loads.prom").stat().st_mode & 0o777) == "0o644"

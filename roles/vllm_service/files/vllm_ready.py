@@ -2,18 +2,28 @@
 """Wait up to --wait seconds for a vLLM unit to answer /health, failing fast if it crashed; then, with
 --model, ask it for one real completion (one call to the box for both).
 
-Exit 0: /health answered 200 (and the completion came; its text is printed as JSON). Exit 3: still
+Exit 0: /health answered 200 (and the completion came: its text, and the load timed below or null, are
+printed as JSON). Exit 3: still
 loading (poll again), with the engine's latest load stage from the unit's journal (this start's lines).
-Exit 1: the unit failed or systemd restarted it after a crash (waiting longer cannot help), or the
-completion failed. The API key is read from the unit's own environment file
-(--env-file), never from the command line. Runs with the box's Python.
+Exit 1: the unit failed or systemd restarted it after a crash (waiting longer cannot help), the start
+took longer than --timeout, or the completion failed. The API key is read from the unit's own
+environment file (--env-file), never from the command line. Runs with the box's Python.
+
+With --loads-dir, every start this check sees loading is timed, from systemd's start of the unit's
+process to its first real completion (or to its failure), and kept there in loads.json with what was
+started (vLLM release, model and drafter as their links resolve, k), trial units' starts too; the latest
+--keep are kept, and loads.prom has them in Prometheus's text format. A start already serving when first
+seen (a restart nobody watched) has no time to give and is not kept.
 """
 
 import argparse
+import datetime
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,9 +63,15 @@ def journal(unit):
     ).stdout.splitlines()
 
 
+UNIT_PROPERTIES = (
+    "ActiveState,SubState,NRestarts,InvocationID,ExecStart,ExecMainStartTimestampMonotonic,"
+    "ExecMainExitTimestampMonotonic"
+)
+
+
 def unit_state(unit):
     out = subprocess.run(
-        ["systemctl", "show", unit, "--property=ActiveState,SubState,NRestarts"],
+        ["systemctl", "show", unit, f"--property={UNIT_PROPERTIES}"],
         capture_output=True,
         text=True,
         check=True,
@@ -85,7 +101,7 @@ def api_key(env_file):
 
 
 def completion(args):
-    """(exit code, what to print): one greedy completion of --prompt."""
+    """(exit code, the completion's text or why it failed): one greedy completion of --prompt."""
     body = {"model": args.model, "prompt": args.prompt, "max_tokens": 8, "temperature": 0}
     headers = {"Content-Type": "application/json"}
     key = api_key(args.env_file) if args.env_file else None
@@ -101,7 +117,174 @@ def completion(args):
         return 1, f"POST /v1/completions answered {error.code} {error.reason}"
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as error:
         return 1, f"POST /v1/completions failed: {error}"
-    return 0, json.dumps({"completion": text})
+    return 0, text
+
+
+def started_with(exec_start):
+    """What the unit's ExecStart serves, as systemctl shows it ("{ path=… ; argv[]=… serve MODEL … ; … }"):
+    the vLLM release (the virtualenv's name), the model and drafter as their links resolve now, and k
+    (the largest of a schedule; 0 without speculation)."""
+    match = re.search(r"argv\[\]=(\S+) serve (\S+)", exec_start)
+    if not match:
+        return {}
+    what = {
+        "vllm": os.path.basename(os.path.dirname(os.path.dirname(match.group(1)))),
+        "model": os.path.realpath(match.group(2)),
+        "drafter": None,
+        "k": 0,
+    }
+    flag = exec_start.find("--speculative-config ")
+    if flag >= 0:
+        try:
+            config, _ = json.JSONDecoder().raw_decode(exec_start, flag + len("--speculative-config "))
+        except ValueError:
+            return what
+        if config.get("model"):
+            what["drafter"] = os.path.realpath(config["model"])
+        schedule = config.get("num_speculative_tokens_per_batch_size") or {}
+        what["k"] = max([config.get("num_speculative_tokens") or 0, *schedule.values()])
+    return what
+
+
+def _boot_id():
+    """This boot's id: monotonic times compare only within one boot."""
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+        return boot.read().strip()
+
+
+def _monotonic_us(state, name):
+    value = state.get(name, "0")
+    return int(value) if value.isdigit() else 0
+
+
+class Loads:
+    """The timed starts kept on the box (--loads), newest last, and their export (--metrics)."""
+
+    def __init__(self, directory, keep, unit):
+        self.path, self.metrics = os.path.join(directory, "loads.json"), os.path.join(directory, "loads.prom")
+        self.keep, self.unit = keep, unit
+
+    def read(self):
+        try:
+            with open(self.path, encoding="utf-8") as kept:
+                return json.load(kept).get("loads", [])
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def observe(self, state, outcome, reason=None):
+        """Keep this start's state (loading, served, failed); the load's entry, or None where nothing is
+        kept (a start first seen serving, or one already settled)."""
+        invocation = state.get("InvocationID") or ""
+        started_us = _monotonic_us(state, "ExecMainStartTimestampMonotonic")
+        if not invocation or not started_us:
+            return None
+        boot = _boot_id()
+        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        loads = self.read()
+        entry = next((load for load in loads if load["invocation"] == invocation), None)
+        if entry is None and outcome == "failed":
+            # systemd restarted the crashed start under a new invocation: the failure is the watched one's.
+            entry = next(
+                (
+                    load
+                    for load in reversed(loads)
+                    if load["unit"] == self.unit and load["outcome"] == "loading" and load.get("boot") == boot
+                ),
+                None,
+            )
+        if entry is None and outcome == "served":
+            return None
+        if entry is not None and (entry["outcome"] != "loading" or outcome == "loading"):
+            return None  # settled already, or seen loading before: nothing new
+        if entry is None:
+            for earlier in loads:
+                if earlier["unit"] == self.unit and earlier["outcome"] == "loading":
+                    earlier["outcome"] = "unfinished"  # the check that watched it ended with its play
+            started = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+                microseconds=now_us - started_us
+            )
+            entry = {
+                "invocation": invocation,
+                "unit": self.unit,
+                "started_at": started.isoformat(timespec="seconds"),
+                **started_with(state.get("ExecStart", "")),
+                "outcome": "loading",
+                "seconds": None,
+                "reason": None,
+                "boot": boot,
+                "start_us": started_us,
+            }
+            loads.append(entry)
+        if outcome != "loading":
+            # A failed start ends at its process's exit where systemd saw one, else now.
+            exited_us = _monotonic_us(state, "ExecMainExitTimestampMonotonic") if outcome == "failed" else 0
+            ended_us = exited_us if exited_us > entry["start_us"] else now_us
+            entry.update(
+                outcome=outcome, seconds=round((ended_us - entry["start_us"]) / 1e6, 1), reason=reason
+            )
+        self.write(loads[-self.keep :])
+        return entry
+
+    def write(self, loads):
+        _replace(self.path, json.dumps({"loads": loads}, indent=1) + "\n")
+        _replace(self.metrics, prometheus_text(loads))
+
+
+def _replace(path, text):
+    """Written beside and renamed: a reader (nginx, Prometheus) never sees half a file. World-readable:
+    nginx serves the metrics, and neither holds a secret."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    handle, staged = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.chmod(staged, 0o644)
+    os.replace(staged, path)
+
+
+def _label(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _gauge(name, description, samples):
+    """One gauge's lines: samples as (labels, value)."""
+    lines = [f"# HELP {name} {description}", f"# TYPE {name} gauge"]
+    return lines + [f"{name}{{{labels}}} {value}" for labels, value in samples]
+
+
+def prometheus_text(loads):
+    """The last served load's seconds beside the box's best with the same vLLM and model (a slower load
+    of the same thing: a lost compile cache, a slow disk, a degraded GPU), and the kept starts by outcome."""
+    lines = []
+    served = [load for load in loads if load["outcome"] == "served"]
+    if served:
+        last = served[-1]
+        release = (last.get("vllm"), last.get("model"))
+        best = min(load["seconds"] for load in served if (load.get("vllm"), load.get("model")) == release)
+        labels = (
+            f'vllm="{_label(last.get("vllm"))}",model="{_label(os.path.basename(last.get("model") or ""))}"'
+        )
+        started = datetime.datetime.fromisoformat(last["started_at"]).timestamp()
+        lines += _gauge(
+            "specfleet_vllm_last_load_seconds",
+            "Seconds from the last timed start to its first real completion.",
+            [(labels, last["seconds"])],
+        )
+        lines += _gauge(
+            "specfleet_vllm_best_load_seconds",
+            "The fastest kept load of the same vLLM and model.",
+            [(labels, best)],
+        )
+        lines += _gauge(
+            "specfleet_vllm_last_load_start_time_seconds",
+            "When the last timed start began.",
+            [(labels, f"{started:.0f}")],
+        )
+    outcomes = ("served", "failed", "unfinished", "loading")
+    counts = [
+        (f'outcome="{outcome}"', sum(load["outcome"] == outcome for load in loads)) for outcome in outcomes
+    ]
+    lines += _gauge("specfleet_vllm_kept_loads", "The starts kept on the box, by outcome.", counts)
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -113,26 +296,49 @@ def main():
     parser.add_argument("--prompt", default="Hello")
     parser.add_argument("--env-file")
     parser.add_argument("--completion-timeout", type=float, default=300)
+    parser.add_argument(
+        "--timeout", type=float, help="seconds a start may take to serve, from the unit's start"
+    )
+    parser.add_argument("--loads-dir", help="where the timed starts are kept (a trial unit's too)")
+    parser.add_argument("--keep", type=int, default=100)
     args = parser.parse_args()
     health = f"{args.base_url}/health"
+    loads = Loads(args.loads_dir, args.keep, args.unit) if args.loads_dir else None
+
+    def failed(state, reason):
+        print(reason)
+        if loads:
+            loads.observe(state, "failed", reason)
+        return 1
 
     deadline = time.monotonic() + args.wait
     while True:
         state = unit_state(args.unit)
         # NRestarts counts automatic restarts since the last explicit start: each one is a crash.
         if state.get("ActiveState") == "failed" or int(state.get("NRestarts", "0")) > 0:
-            print(
+            return failed(
+                state,
                 f"{args.unit} crashed ({state.get('ActiveState')}/{state.get('SubState')}, "
-                f"{state.get('NRestarts')} automatic restarts)"
+                f"{state.get('NRestarts')} automatic restarts)",
             )
-            return 1
         if state.get("ActiveState") == "inactive":
             print(f"{args.unit} is not running")
             return 1
         if healthy(health):
-            code, said = completion(args) if args.model else (0, f"{health} answered 200")
-            print(said)
-            return code
+            if not args.model:
+                print(f"{health} answered 200")
+                return 0
+            code, said = completion(args)
+            if code:
+                return failed(state, said)
+            print(json.dumps({"completion": said, "load": loads.observe(state, "served") if loads else None}))
+            return 0
+        started_us = _monotonic_us(state, "ExecMainStartTimestampMonotonic")
+        running_s = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - started_us) / 1e6
+        if args.timeout and started_us and running_s >= args.timeout:
+            return failed(state, f"{args.unit} did not serve within {args.timeout:g} s of its start")
+        if loads:
+            loads.observe(state, "loading")
         if time.monotonic() >= deadline:
             stage = load_progress(journal(args.unit))
             print(
