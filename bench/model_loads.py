@@ -5,7 +5,9 @@ the sim hides it. This bench runs each workflow as an operator would, with a rea
 a speedup floor (gate_min_speedup 0.01: the baseline's tasks run end to end and pass on a CPU box, whose
 speedup verdict is not the point) - and counts the engine starts in the box's journal since the workflow
 began: every `Started vllm.service` and `Started vllm-trial.service` of systemd's, the serving unit's and
-the trial unit's (roles/spec_tune, roles/nccl_tune). Two boxes of its own from the installed image
+the trial unit's (roles/spec_tune, roles/nccl_tune, the gate's baseline) - and the seconds the box timed
+for them (roles/vllm_service's loads.json: from each start to its first completion, or to its failure).
+Two boxes of its own from the installed image
 (vLLM installed, nothing served): specfleet-bench-loads (SSH 127.0.0.1:22126, server 18004) for the
 workflows in turn, specfleet-bench-loads-2 (22127, 18005) for a first deploy whose drafter fails. Removes
 them after.
@@ -14,6 +16,8 @@ them after.
 """
 
 import argparse
+import datetime
+import json
 import subprocess
 import sys
 import time
@@ -70,7 +74,7 @@ WORKFLOWS = [
         [*drafter("eagle3-known-3.0"), "-e", "spec_tune_take_out_of_service=true"],
         True,
         3,
-        "K + 1",
+        "K + 1: k = 0 is the gate's baseline, measured on its trial at the first deploy",
     ),
     (
         "--tags nccl_tune",
@@ -96,6 +100,15 @@ WORKFLOWS = [
         True,
         2,
         "one load per change, plus the baseline: its key has the weights release",
+    ),
+    (
+        "a driver upgrade",
+        0,
+        "deploy.yml",
+        [*drafter("eagle3-known-3.0"), "-e", "nvidia_cuda_driver_version=575.64.03"],
+        True,
+        2,
+        "the start after the packages, plus the baseline: its key has the driver (the last on its box)",
     ),
     (
         "first deploy whose drafter fails",
@@ -136,6 +149,24 @@ def starts(container, since):
     return sum("vllm.service" in line for line in lines), sum("vllm-trial.service" in line for line in lines)
 
 
+def timed(container, since):
+    """(timed starts, their seconds) the box kept since `since` (epoch seconds)."""
+    out = subprocess.run(
+        ["podman", "exec", container, "cat", "/var/lib/specfleet/loads/loads.json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    loads = json.loads(out)["loads"] if out else []
+    recent = [
+        load
+        for load in loads
+        if datetime.datetime.fromisoformat(load["started_at"]).timestamp() >= int(since) - 1
+        and load["seconds"] is not None
+    ]
+    return len(recent), sum(load["seconds"] for load in recent)
+
+
 def run(box, name, args, must_pass):
     """ansible-playbook against a box; a run expected to fail may (its restore is what is counted)."""
     port, http = BOXES[box]
@@ -168,18 +199,21 @@ def main():
             started = time.monotonic()
             run(box, name, arguments, must_pass)
             serving, trial = starts(box, began)
-            rows.append((workflow, serving, trial, fewest, time.monotonic() - started, note))
+            count, seconds = timed(box, began)
+            rows.append((workflow, serving, trial, fewest, count, seconds, time.monotonic() - started, note))
             print(
-                f"{workflow}: {serving + trial} load(s) ({serving} serving, {trial} trial), fewest {fewest}"
+                f"{workflow}: {serving + trial} load(s) ({serving} serving, {trial} trial), fewest {fewest};"
+                f" {count} timed, {seconds:.0f} s"
             )
     finally:
         for box in names:
             subprocess.run(["podman", "rm", "-f", box], capture_output=True, check=False)
-    print(f"\n{'workflow':<36} {'loads':>5} {'serving':>7} {'trial':>5} {'fewest':>6} {'minutes':>7}  note")
-    for workflow, serving, trial, fewest, seconds, note in rows:
+    header = f"{'workflow':<36} {'loads':>5} {'serving':>7} {'trial':>5} {'fewest':>6}      {'timed':>5}"
+    print(f"\n{header} {'load s':>6} {'minutes':>7}  note")
+    for workflow, serving, trial, fewest, count, load_seconds, seconds, note in rows:
         mark = "" if serving + trial <= fewest else " over"
         loads = f"{serving + trial:>5} {serving:>7} {trial:>5} {fewest:>6}{mark:<5}"
-        print(f"{workflow:<36} {loads} {seconds / 60:>5.1f}  {note}")
+        print(f"{workflow:<36} {loads} {count:>5} {load_seconds:>6.0f} {seconds / 60:>7.1f}  {note}")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,15 @@ options:
   started_at:
     description: Epoch seconds when the measurement began (the first trial start), for its stated cost.
     type: float
+  speculation_off:
+    description:
+      - The rows without speculation (k = 0) that the gate's baseline trial measured with this module
+        (C(rows) and C(speculation_off_identity) of its C(step=measure) at k = 0, and C(measured_at)), as
+        roles/gate keeps them. Where their identity is this measurement's (vLLM, model, server arguments,
+        GPUs, driver, workload, concurrencies, rounds, max_tokens) and O(remeasure) is false, C(step=read)
+        leaves k = 0 out of C(trial_ks) and C(step=record) takes them as the table's k = 0: one server start
+        fewer.
+    type: dict
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.facts
@@ -194,6 +203,10 @@ measurement_due:
   description: No kept table matches the box (or O(remeasure)); C(step=read) only.
   type: bool
   returned: always
+speculation_off_identity:
+  description: C(step=measure) at k = 0 only (else null); what those rows depend on, for O(speculation_off).
+  type: dict
+  returned: when step is measure
 rows:
   description: C(step=measure) only; one row per concurrency.
   type: list
@@ -235,6 +248,11 @@ ansible_facts:
           type: dict
         stale:
           description: The identity fields that changed since the kept table (C(step=read)).
+          type: list
+        trial_ks:
+          description: >-
+            The k each trial of a measurement serves (C(step=read)): 0..O(max_k), or 1..O(max_k) where
+            O(speculation_off) gives k = 0.
           type: list
         measured_at:
           description: When the kept table was measured (UTC).
@@ -308,20 +326,45 @@ def workload_requests(params):
     return distinct_requests(chat_requests(params["requests"]), params["max_tokens"], 0.0)
 
 
-def identity(module):
+def speculation_off_identity(module):
+    """What the rows without speculation depend on: the table's identity but the drafter and k."""
     params = module.params
     gpus, driver = gpus_and_driver(module)
-    requests = workload_requests(params)
-    base = {key: value for key, value in params["speculative_config"].items() if key != SCHEDULE_KEY}
     return {
         **params["identity"],
-        "drafter_release": os.path.basename(os.path.realpath(base.get("model", ""))),
-        "speculative_config": {k: v for k, v in base.items() if k not in ("model", "num_speculative_tokens")},
         "gpus": gpus,
         "driver": driver,
-        "workload": workload_digest(requests, params["max_tokens"], 0.0),
+        "workload": workload_digest(workload_requests(params), params["max_tokens"], 0.0),
+        "plan": {key: value for key, value in plan(params).items() if key != "ks"},
+    }
+
+
+def identity(module):
+    params = module.params
+    base = {key: value for key, value in params["speculative_config"].items() if key != SCHEDULE_KEY}
+    return {
+        **speculation_off_identity(module),
+        "drafter_release": os.path.basename(os.path.realpath(base.get("model", ""))),
+        "speculative_config": {k: v for k, v in base.items() if k not in ("model", "num_speculative_tokens")},
         "plan": plan(params),
     }
+
+
+def reusable_speculation_off(module):
+    """The rows without speculation measured on a trial of the gate's baseline (O(speculation_off)) where
+    they still match the box and this measurement, else None; without them, k = 0 is a trial of its own."""
+    given = module.params["speculation_off"]
+    if not given or module.params["remeasure"]:
+        return None
+    if given.get("identity") != speculation_off_identity(module) or not given.get("rows"):
+        return None
+    return given
+
+
+def trial_ks(module):
+    """The k each trial serves: 1..max_k where the rows without speculation are reused, else 0..max_k."""
+    ks = plan(module.params)["ks"]
+    return ks[1:] if reusable_speculation_off(module) else ks
 
 
 def tuned_config(base, choice):
@@ -396,20 +439,29 @@ def facts(source, base, choice, kept, **more):
 
 
 def read(module):
-    """(changed, measurement due, facts)."""
+    """(changed, measurement due, facts); the facts' C(trial_ks) name the trials a measurement serves."""
     params = module.params
     base = params["speculative_config"]
     kept = read_kept(params["cache_path"])
     current = identity(module)
     stale = changed_fields(kept["identity"], current, SUMMARIZED) if kept else ["nothing measured yet"]
+    ks = trial_ks(module)
     if stale:
         why = "; ".join(stale)
-        return False, True, facts("none", base, None, None, stale=stale if kept else [], reason=why)
+        return (
+            False,
+            True,
+            facts("none", base, None, None, stale=stale if kept else [], reason=why, trial_ks=ks),
+        )
     choice = choice_of(kept["rows"], params)
     rescored = kept.get("scoring") != scoring(params)
     if rescored and not module.check_mode:
         write_kept(module, params["cache_path"], dict(kept, scoring=scoring(params), choice=choice))
-    return rescored, params["remeasure"], facts("kept", base, choice, kept, stale=[], reason=choice["reason"])
+    return (
+        rescored,
+        params["remeasure"],
+        facts("kept", base, choice, kept, stale=[], reason=choice["reason"], trial_ks=ks),
+    )
 
 
 def merge_rounds(cells):
@@ -483,7 +535,8 @@ def measure(module):
 
 def record(module):
     params = module.params
-    rows = params["rows"] or []
+    reused = reusable_speculation_off(module)
+    rows = (reused["rows"] if reused else []) + (params["rows"] or [])
     measured = {(row.get("k"), row.get("concurrency")) for row in rows}
     wanted = {(k, c) for k in plan(params)["ks"] for c in params["concurrencies"]}
     if measured != wanted:
@@ -496,8 +549,10 @@ def record(module):
     choice = choice_of(rows, params)
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     cost = {
-        "server_starts": len(plan(params)["ks"]),
+        "server_starts": len(trial_ks(module)),
         "seconds": round(time.time() - params["started_at"], 1) if params["started_at"] else None,
+        # k = 0 from the gate's baseline trial (its own start, counted with the baseline): when.
+        "speculation_off_measured_at": reused.get("measured_at") if reused else None,
     }
     kept = {
         "measured_at": now.isoformat(),
@@ -509,7 +564,9 @@ def record(module):
     }
     if not module.check_mode:
         write_kept(module, params["cache_path"], kept)
-    return facts("measured", params["speculative_config"], choice, kept, stale=[], reason=choice["reason"])
+    return facts(
+        "measured", params["speculative_config"], choice, kept, stale=[], reason=choice["reason"], trial_ks=[]
+    )
 
 
 def summary(spec_tune):
@@ -562,6 +619,7 @@ ARGUMENT_SPEC = dict(
     timeout=dict(type="int", default=300),
     rows=dict(type="list", elements="dict"),
     started_at=dict(type="float"),
+    speculation_off=dict(type="dict"),
 )
 
 
@@ -592,7 +650,10 @@ def main():
         module.fail_json(msg=problem)
     try:
         if params["step"] == "measure":
-            module.exit_json(changed=False, measurement_due=False, rows=measure(module))
+            rows = measure(module)
+            # Without speculation, what the rows depend on: the gate's baseline keeps them with it.
+            off = speculation_off_identity(module) if params["k"] == 0 else None
+            module.exit_json(changed=False, measurement_due=False, rows=rows, speculation_off_identity=off)
         if params["step"] == "record":
             changed, due, spec_tune = not module.check_mode, False, record(module)
         else:

@@ -47,7 +47,9 @@ def tune_speculation(scenario):
     busy = scenario.play("deploy.yml", *SPEC_TUNE)
     assert not busy.ok and busy.changed(host) == 0, str(busy)
     assert any(
-        f"vllm serves on {host}: measuring speculation restarts the server 3 times (k = 0..2)" in message
+        f"vllm serves on {host}: measuring speculation restarts the server 4 times (k = 0..2, then the"
+        " choice)"
+        in message
         and "spec_tune_take_out_of_service=true" in message
         for message in busy.failures(host)
     ), str(busy)

@@ -382,3 +382,54 @@ def test_the_module_passes_the_gate_floor_to_the_choice(run_module, box):
     floored = run_module(spec_tune, box.args(min_mean_acceptance_length=2.2, max_k=3, concurrencies=[1, 2]))
     assert floored["changed"] is True  # re-scored: the floor is part of the scoring
     assert facts_of(floored)["speculative_config"]["num_speculative_tokens"] == 2
+
+
+def speculation_off_of(run_module, box, **overrides):
+    """k = 0 as the gate's baseline trial keeps it: the rows, and the identity the table's is but for the
+    drafter and k (taken from a table the module kept on the same box)."""
+    scratch = box.kept.with_name("scratch.json")
+    run_module(spec_tune, box.args(step="record", rows=rows(CROSSOVER), cache_path=str(scratch), **overrides))
+    identity = json.loads(scratch.read_text())["identity"]
+    scratch.unlink()
+    for field in ("drafter_release", "speculative_config"):
+        del identity[field]
+    identity["plan"] = {key: value for key, value in identity["plan"].items() if key != "ks"}
+    return {
+        "identity": identity,
+        "rows": [row for row in rows(CROSSOVER) if row["k"] == 0],
+        "measured_at": "2026-12-07T04:00:00+00:00",
+    }
+
+
+def test_k_0_from_the_gate_s_baseline_saves_a_server_start(run_module, box):
+    off = speculation_off_of(run_module, box)
+    due = run_module(spec_tune, box.args(speculation_off=off))
+    assert due["measurement_due"] is True and facts_of(due)["trial_ks"] == [1, 2, 3]
+    trials = [row for row in rows(CROSSOVER) if row["k"] > 0]
+    recorded = run_module(
+        spec_tune, box.args(step="record", rows=trials, speculation_off=off, started_at=1.0)
+    )
+    facts = facts_of(recorded)
+    # The same table and choice as four trials would make, from three.
+    assert sorted((row["k"], row["concurrency"]) for row in facts["table"]) == sorted(
+        (row["k"], row["concurrency"]) for row in rows(CROSSOVER)
+    )
+    assert facts["choice"]["schedule"] == [[1, 1, 3], [2, 3, 2], [4, 7, 1], [8, 256, 0]]
+    cost = json.loads(box.kept.read_text())["cost"]
+    assert (cost["server_starts"], cost["speculation_off_measured_at"]) == (3, off["measured_at"])
+
+
+@pytest.mark.parametrize("change", ["driver", "remeasure", "rounds"])
+def test_k_0_is_measured_again_where_the_baseline_s_rows_no_longer_hold(run_module, box, change):
+    off = speculation_off_of(run_module, box)
+    overrides = {"speculation_off": off}
+    if change == "driver":
+        (box.data / "driver-version").write_text("580.159.04\n")
+    elif change == "remeasure":
+        overrides["remeasure"] = True
+    else:
+        overrides["rounds"] = 5
+    assert facts_of(run_module(spec_tune, box.args(**overrides)))["trial_ks"] == [0, 1, 2, 3]
+    trials = [row for row in rows(CROSSOVER) if row["k"] > 0]
+    refused = run_module(spec_tune, box.args(step="record", rows=trials, **overrides))
+    assert refused["failed"] is True and refused["msg"] == "the table lacks k=0 at concurrency 1"
