@@ -102,15 +102,6 @@ WORKFLOWS = [
         "one load per change, plus the baseline: its key has the weights release",
     ),
     (
-        "a driver upgrade",
-        0,
-        "deploy.yml",
-        [*drafter("eagle3-known-3.0"), "-e", "nvidia_cuda_driver_version=575.64.03"],
-        True,
-        2,
-        "the start after the packages, plus the baseline: its key has the driver (the last on its box)",
-    ),
-    (
         "first deploy whose drafter fails",
         1,
         "deploy.yml",

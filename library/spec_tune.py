@@ -150,7 +150,7 @@ options:
         (C(rows) and C(speculation_off_identity) of its C(step=measure) at k = 0, and C(measured_at)), as
         roles/gate keeps them. Where their identity is this measurement's (vLLM, model, server arguments,
         GPUs, driver, workload, concurrencies, rounds, max_tokens) and O(remeasure) is false, C(step=read)
-        leaves k = 0 out of C(trial_ks) and C(step=record) takes them as the table's k = 0: one server start
+        leaves k = 0 out of C(trial_ks) and C(step=record) takes them as the table's k = 0, one server start
         fewer.
     type: dict
 extends_documentation_fragment:

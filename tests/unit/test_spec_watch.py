@@ -245,6 +245,7 @@ def test_its_drop_in_is_what_a_deploy_keeping_the_fallback_renders(box):
         "vllm_service_start_limit_burst": 5,
         "vllm_service_user": "vllm",
         "vllm_service_home": "/var/lib/vllm",
+        "vllm_service_cache_dir": "/var/lib/vllm/.cache/vllm",
         "vllm_service_ready_timeout_s": 3600,
         "gpu_topology": {"interconnect": "pcie", "worst_hop": "SYS"},
         "vllm_service_nccl_env": {"NCCL_P2P_LEVEL": "SYS"},
