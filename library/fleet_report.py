@@ -26,7 +26,8 @@ options:
     description:
       - One entry per box, C(host) and what was read from it, C(record) (the C(last_good) facts), C(metrics)
         (the text of C(/metrics), or null when the server did not answer), C(loads) (the box's timed starts,
-        roles/vllm_service's C(loads.json), oldest first), C(floors) (roles/served's C(served_floors)), and
+        roles/vllm_service's C(loads.json), oldest first), C(load_slow) (the box's own C(factor) and C(min_s),
+        else I(load_slow_factor) and I(load_slow_min_s)), C(floors) (roles/served's C(served_floors)), and
         C(error) (why the box could not be read, or null).
     type: list
     elements: dict
@@ -46,7 +47,8 @@ options:
   load_slow_factor:
     description:
       - A last load this many times the box's best of the same vLLM and model is an alert (as
-        roles/monitoring's VllmLoadSlow), where it took at least I(load_slow_min_s).
+        roles/monitoring's VllmLoadSlow), where it took at least I(load_slow_min_s); a box's own
+        C(load_slow) wins.
     type: float
     default: 1.5
   load_slow_min_s:
@@ -188,12 +190,12 @@ def load_cell(summary):
     return "; ".join(cell)
 
 
-def load_alerts(summary, params):
+def load_alerts(summary, slow):
     last = (summary or {}).get("last")
     if not last or not summary["best"]:
         return []
     ratio = last["seconds"] / summary["best"]
-    if ratio > params["load_slow_factor"] and last["seconds"] > params["load_slow_min_s"]:
+    if ratio > slow["factor"] and last["seconds"] > slow["min_s"]:
         return [f"load {last['seconds']:.0f} s, {ratio:.1f}x its best {summary['best']:.0f} s"]
     return []
 
@@ -204,7 +206,12 @@ def summarise(box, now, params):
     gate = details.get("gate") or {}
     live = live_figures(box["metrics"]) if box.get("metrics") else None
     loads = load_summary(box.get("loads") or [])
-    alerts = live_alerts(box, live, params["min_position_acceptance"]) + load_alerts(loads, params)
+    slow = {
+        "factor": params["load_slow_factor"],
+        "min_s": params["load_slow_min_s"],
+        **(box.get("load_slow") or {}),
+    }
+    alerts = live_alerts(box, live, params["min_position_acceptance"]) + load_alerts(loads, slow)
     age = _age_days(record.get("recorded_at"), now)
     if box.get("error"):
         status = "unreachable"

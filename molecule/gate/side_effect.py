@@ -106,6 +106,8 @@ MONITORING = {
     "monitoring_for": "20s",
     "monitoring_min_drafts": 20,
     "monitoring_server_down_for": "5m",  # the stories' own restarts are not outages
+    # The sim's starts take 25 to 110 s as the machine is loaded: as the sim profile's fleet report.
+    "monitoring_load_slow_min_s": 600,
 }
 LOW_ALERTS = {
     "SpeculationMeanAcceptanceLengthLow",

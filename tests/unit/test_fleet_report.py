@@ -99,6 +99,16 @@ def boxes():
             "error": None,
         },
         {
+            "host": "box-sim",
+            "record": record(),
+            "metrics": read("eagle3-accept-after.txt"),
+            # Four times its best, but a start of seconds where its inventory says minutes matter.
+            "loads": [load(25.3), load(108.6)],
+            "load_slow": {"factor": 1.5, "min_s": 600},
+            "floors": FLOORS,
+            "error": None,
+        },
+        {
             "host": "box-stale",
             "record": record(days_ago=30),
             "metrics": read("eagle3-accept-after.txt"),
@@ -141,6 +151,7 @@ def test_every_box_has_a_status_and_the_ones_that_need_a_look_say_why(report):
     status = {box["host"]: (box["status"], box["alerts"]) for box in result["boxes"]}
     assert status["box-good"] == ("ok", [])
     assert status["box-slow-load"] == ("alert", ["load 1800 s, 3.0x its best 600 s"])
+    assert status["box-sim"] == ("ok", [])
     assert status["box-stale"] == ("stale", [])
     assert status["box-drifted"][0] == "alert"
     assert any(
@@ -151,8 +162,8 @@ def test_every_box_has_a_status_and_the_ones_that_need_a_look_say_why(report):
     assert status["box-new"][0] == "no record"
     assert status["box-gone"] == ("unreachable", ["not read: unreachable or failed"])
     markdown = Path(result["markdown"]).read_text()
-    assert markdown.count("\n| box-") == 7, markdown
-    assert "7 boxes, 6 standing out:" in markdown, markdown
+    assert markdown.count("\n| box-") == 8, markdown
+    assert "8 boxes, 6 standing out:" in markdown, markdown
     # The loads cell: the last start against the best of the same vLLM, and the failed ones.
     rows = {line.split(" | ")[0]: line for line in markdown.splitlines() if line.startswith("| box-")}
     assert "| 600.0 s (vllm, k=3), best 600.0 s |" in rows["| box-good"]
@@ -168,7 +179,7 @@ def test_the_page_renders_the_boxes_and_the_plots_in_a_real_browser(report, tmp_
     document = browser.dom(page)
     rows = re.findall(r'<tr class="box (ok|standing-out)" data-host="([^"]+)"', document)
     assert sorted(rows) == sorted(
-        [("ok", "box-good")]
+        [("ok", "box-good"), ("ok", "box-sim")]
         + [
             ("standing-out", h)
             for h in ("box-slow-load", "box-stale", "box-drifted", "box-spec-off", "box-new", "box-gone")
