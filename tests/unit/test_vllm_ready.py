@@ -194,14 +194,22 @@ def test_a_failed_start_is_kept_to_its_exit_and_an_abandoned_one_marked(box):
     assert [load["outcome"] for load in loads.read()] == ["unfinished", "failed"]
 
 
-def test_a_crash_restarted_by_systemd_fails_the_start_that_was_watched(box):
+@pytest.mark.parametrize(
+    "after",
+    [
+        # systemd's automatic restart runs under a new invocation, started 2 s ago;
+        {"InvocationID": "r2", "ExecMainStartTimestampMonotonic": "restarted"},
+        # or the unit failed, and systemd shows no invocation for it.
+        {"InvocationID": "", "ActiveState": "failed"},
+    ],
+)
+def test_a_crash_fails_the_start_that_was_watched(box, after):
     _, state, loads = box
     loads.observe(state, "loading")
-    # After the crash, systemd's automatic restart runs under a new invocation, started 2 s ago.
-    restarted = dict(state, InvocationID="r2", ExecMainStartTimestampMonotonic=str(now_us() - 2_000_000))
-    failed = loads.observe(
-        restarted, "failed", "vllm crashed (activating/auto-restart, 1 automatic restarts)"
-    )
+    crashed = dict(state, **after)
+    if after.get("ExecMainStartTimestampMonotonic") == "restarted":
+        crashed["ExecMainStartTimestampMonotonic"] = str(now_us() - 2_000_000)
+    failed = loads.observe(crashed, "failed", "vllm crashed (activating/auto-restart, 1 automatic restarts)")
     assert (failed["invocation"], failed["outcome"]) == ("a1", "failed")
     assert 40 <= failed["seconds"] < 45
     assert [load["invocation"] for load in loads.read()] == ["a1"]

@@ -176,14 +176,13 @@ class Loads:
         kept (a start first seen serving, or one already settled)."""
         invocation = state.get("InvocationID") or ""
         started_us = _monotonic_us(state, "ExecMainStartTimestampMonotonic")
-        if not invocation or not started_us:
-            return None
         boot = _boot_id()
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         loads = self.read()
-        entry = next((load for load in loads if load["invocation"] == invocation), None)
+        entry = next((load for load in loads if invocation and load["invocation"] == invocation), None)
         if entry is None and outcome == "failed":
-            # systemd restarted the crashed start under a new invocation: the failure is the watched one's.
+            # The crashed start is the watched one whether systemd restarted it under a new invocation or
+            # left the unit failed with none.
             entry = next(
                 (
                     load
@@ -192,8 +191,8 @@ class Loads:
                 ),
                 None,
             )
-        if entry is None and outcome == "served":
-            return None
+        if entry is None and (outcome == "served" or not invocation or not started_us):
+            return None  # a start first seen serving, or no start to time
         if entry is not None and (entry["outcome"] != "loading" or outcome == "loading"):
             return None  # settled already, or seen loading before: nothing new
         if entry is None:
