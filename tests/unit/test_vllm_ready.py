@@ -235,3 +235,46 @@ def test_the_box_keeps_its_latest_starts_and_exports_last_against_best(box, tmp_
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert oct((root / "loads/loads.prom").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_schedule_s_largest_k_is_what_was_started():
+    config = {"method": "eagle3", "model": "/srv/drafters/current", "num_speculative_tokens": 3}
+    config["num_speculative_tokens_per_batch_size"] = [[1, 1, 3], [2, 3, 2], [4, 256, 0]]
+    exec_start = EXEC_START.format(model="/srv/models/kimi", drafter="/srv/drafters/current").replace(
+        '{"method": "eagle3", "model": "/srv/drafters/current", "num_speculative_tokens": 3}',
+        json.dumps(config),
+    )
+    assert json.dumps(config) in exec_start
+    assert vllm_ready.started_with(exec_start)["k"] == 3
+    config["num_speculative_tokens"] = 1
+    assert (
+        vllm_ready.started_with(
+            exec_start.replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 1')
+        )["k"]
+        == 3
+    )
+
+
+def test_keeping_a_load_never_fails_the_check(tmp_path, monkeypatch, capsys):
+    """A load that cannot be kept (here: its directory is a file) is said on stderr; the check answers."""
+    (tmp_path / "loads").write_text("not a directory")
+    states = iter([{"ActiveState": "active", "InvocationID": "a1", "ExecMainStartTimestampMonotonic": "1"}])
+    monkeypatch.setattr(vllm_ready, "unit_state", lambda unit: next(states))
+    monkeypatch.setattr(vllm_ready, "healthy", lambda url: True)
+    monkeypatch.setattr(vllm_ready, "completion", lambda args: (0, " Paris"))
+    monkeypatch.setattr(vllm_ready, "_boot_id", lambda: "b")
+    argv = ["vllm_ready.py", "--unit", "vllm", "--base-url", "http://x", "--model", "m"]
+    monkeypatch.setattr("sys.argv", [*argv, "--loads-dir", str(tmp_path / "loads" / "sub")])
+    # Served at first sight: nothing to keep, and nothing written.
+    assert vllm_ready.main() == 0
+    assert json.loads(capsys.readouterr().out) == {"completion": " Paris", "load": None}
+    states = iter(
+        [{"ActiveState": "active", "InvocationID": "a1", "ExecMainStartTimestampMonotonic": "1"}] * 2
+    )
+    monkeypatch.setattr(vllm_ready, "unit_state", lambda unit: next(states))
+    answers = iter([False, True])
+    monkeypatch.setattr(vllm_ready, "healthy", lambda url: next(answers))
+    assert vllm_ready.main() == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out) == {"completion": " Paris", "load": None}
+    assert said.err.startswith("the load was not kept: "), said.err

@@ -141,8 +141,9 @@ def started_with(exec_start):
             return what
         if config.get("model"):
             what["drafter"] = os.path.realpath(config["model"])
-        schedule = config.get("num_speculative_tokens_per_batch_size") or {}
-        what["k"] = max([config.get("num_speculative_tokens") or 0, *schedule.values()])
+        # vLLM's schedule: [first batch size, last batch size, k] per range.
+        schedule = config.get("num_speculative_tokens_per_batch_size") or []
+        what["k"] = max([config.get("num_speculative_tokens") or 0, *(entry[-1] for entry in schedule)])
     return what
 
 
@@ -304,10 +305,17 @@ def main():
     health = f"{args.base_url}/health"
     loads = Loads(args.loads_dir, args.keep, args.unit) if args.loads_dir else None
 
+    def keep(state, outcome, reason=None):
+        """The load's entry, if kept: keeping it never fails the check (said on stderr instead)."""
+        try:
+            return loads.observe(state, outcome, reason) if loads else None
+        except (OSError, ValueError, LookupError, TypeError, AttributeError) as error:
+            print(f"the load was not kept: {error!r}", file=sys.stderr)
+            return None
+
     def failed(state, reason):
         print(reason)
-        if loads:
-            loads.observe(state, "failed", reason)
+        keep(state, "failed", reason)
         return 1
 
     deadline = time.monotonic() + args.wait
@@ -330,14 +338,13 @@ def main():
             code, said = completion(args)
             if code:
                 return failed(state, said)
-            print(json.dumps({"completion": said, "load": loads.observe(state, "served") if loads else None}))
+            print(json.dumps({"completion": said, "load": keep(state, "served")}))
             return 0
         started_us = _monotonic_us(state, "ExecMainStartTimestampMonotonic")
         running_s = (time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - started_us) / 1e6
         if args.timeout and started_us and running_s >= args.timeout:
             return failed(state, f"{args.unit} did not serve within {args.timeout:g} s of its start")
-        if loads:
-            loads.observe(state, "loading")
+        keep(state, "loading")
         if time.monotonic() >= deadline:
             stage = load_progress(journal(args.unit))
             print(
