@@ -4,6 +4,7 @@ a box, read on the controller from its package metadata; runs no module."""
 from __future__ import annotations
 
 import email.parser
+import hashlib
 import json
 import os
 import re
@@ -15,8 +16,9 @@ import zipfile
 
 from ansible.plugins.action import ActionBase
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion
 
 ARGUMENT_SPEC = {
     "package": {"type": "str", "required": True},
@@ -27,7 +29,9 @@ ARGUMENT_SPEC = {
     "driver_version": {"type": "str", "default": ""},
     "pre_turing_gpus": {"type": "list", "elements": "str", "default": []},
     "wheelhouse": {"type": "path", "default": ""},
+    "metadata_dir": {"type": "path", "default": ""},
     "pip_args": {"type": "str", "default": ""},
+    "timeout_s": {"type": "int", "default": 120},
     "cache": {"type": "path", "default": ""},
 }
 
@@ -41,10 +45,17 @@ CUDA_FIRST_GENERATION = {13: "Turing"}
 # How a torch wheel names the CUDA it was built with: the CUDA 13 wheels pin NVIDIA's cuda-toolkit, the
 # CUDA 12 (and 11) wheels its runtime package, one per major (nvidia-cuda-runtime-cu12).
 CUDA_PACKAGES = re.compile(r"^(cuda-toolkit|nvidia-cuda-runtime(-cu\d+)?)$")
+# pip's own settings of where it looks, from the controller's environment: part of the cache's key with the
+# index arguments (a pip.conf is not: the cache is to be emptied where one changes).
+PIP_INDEX_ENVIRONMENT = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX")
 
 
 class RequirementsError(Exception):
     """str() is the one-line reason."""
+
+
+class NoAnswer(Exception):
+    """The package index did not give the metadata; str() is why, in a few words."""
 
 
 def parse_metadata(text):
@@ -101,43 +112,109 @@ def python_tag(python_version):
     return "cp" + "".join(python_version.split(".")[:2])
 
 
-def wheel_metadata(wheelhouse, name, version, python_version):
-    """The METADATA of name==version's wheel in a wheelhouse directory (one for the box's Python, where the
-    wheels are per Python), or None where there is none."""
-    if not wheelhouse or not os.path.isdir(wheelhouse):
-        return None
-    prefix = f"{canonicalize_name(name).replace('-', '_')}-{version}-"
-    wheels = sorted(
-        entry
-        for entry in os.listdir(wheelhouse)
-        if entry.lower().startswith(prefix.lower()) and entry.endswith(".whl")
+def python_rank(tag, python_version):
+    """0 for a wheel tag of the box's CPython, 1 for one that runs on any of its major (py3, or a stable ABI
+    no newer than the box's), None for one that does not run there."""
+    major, minor = python_version.split(".")[:2]
+    if tag.interpreter == f"cp{major}{minor}":
+        return 0
+    oldest = tag.interpreter[len(f"cp{major}") :]
+    if tag.abi == "abi3" and tag.interpreter.startswith(f"cp{major}") and oldest.isdigit():
+        return 1 if int(oldest) <= int(minor) else None
+    if tag.abi == "none" and tag.interpreter in (f"py{major}", f"py{major}{minor}"):
+        return 1
+    return None
+
+
+def machine_fits(tag, machine):
+    """Whether a wheel tag's platform runs on a Linux box of that machine (glibc: Debian and Ubuntu)."""
+    return tag.platform == "any" or bool(
+        re.match(rf"^(manylinux(1|2010|2014|_\d+_\d+)|linux)_{re.escape(machine)}$", tag.platform)
     )
-    tag = python_tag(python_version)
-    wheels = [w for w in wheels if f"-{tag}-" in w] or [w for w in wheels if "-cp3" not in w or "-abi3-" in w]
-    if not wheels:
+
+
+def local_metadata(directory, name, version, python_version, machine):
+    """The metadata of name==version for the box's Python and machine in a directory of wheels or of the
+    metadata files an index serves beside them (`<wheel file name>.metadata`, PEP 658), named as the wheel:
+    one for the box's Python where wheels are per Python, never one for another machine; or None."""
+    if not directory or not os.path.isdir(directory):
         return None
-    with zipfile.ZipFile(os.path.join(wheelhouse, wheels[0])) as wheel:
-        member = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-        return parse_metadata(wheel.read(member).decode("utf-8"))
+    try:
+        wanted = SpecifierSet(f"=={version}")  # takes a local version too, as pip does (2.14.0+cu130)
+    except InvalidSpecifier:
+        raise RequirementsError(f"{name} {version}: {version} is not a version") from None
+    found = []
+    for entry in os.listdir(directory):
+        wheel_name = entry[: -len(".metadata")] if entry.endswith(".whl.metadata") else entry
+        try:
+            wheel, wheel_version, _, tags = parse_wheel_filename(wheel_name)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if wheel != canonicalize_name(name) or not wanted.contains(wheel_version, prereleases=True):
+            continue
+        ranks = [python_rank(tag, python_version) for tag in tags if machine_fits(tag, machine)]
+        ranks = [rank for rank in ranks if rank is not None]
+        if ranks:
+            found.append((min(ranks), wheel_version, entry != wheel_name, entry))
+    if not found:
+        return None
+    # The box's own Python first, then the newest (a local version before none), then a metadata file.
+    found.sort(key=lambda candidate: (not candidate[2], candidate[3]))
+    found.sort(key=lambda candidate: candidate[1], reverse=True)
+    found.sort(key=lambda candidate: candidate[0])
+    path = os.path.join(directory, found[0][3])
+    try:
+        if path.endswith(".metadata"):
+            with open(path, encoding="utf-8") as text:
+                return parse_metadata(text.read())
+        with zipfile.ZipFile(path) as wheel:
+            member = next(
+                n for n in wheel.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1
+            )
+            return parse_metadata(wheel.read(member).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, zipfile.BadZipFile, StopIteration) as error:
+        raise RequirementsError(
+            f"cannot read {name} {version}'s metadata from {path}: {str(error) or 'it holds no METADATA'}"
+        ) from None
 
 
-def index_metadata(name, version, python_version, machine, pip_args):
+# How pip says, in a warning, that an index did not answer (its last line then says only that no version
+# was found): "... after connection broken by 'NewConnectionError("HTTPConnection(host='127.0.0.1', port=9):
+# Failed to establish a new connection: [Errno 111] Connection refused")': /simple/vllm/".
+PIP_BROKEN_CONNECTION = re.compile(r"connection broken by '[A-Za-z]+\(\"?(.*?)\"?\)': \S+$")
+
+
+def pip_failure(stderr):
+    """Why pip failed, in one line: its last line, and how the index did not answer where it did not."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    why = re.sub(r"^ERROR: ", "", lines[-1]) if lines else "pip failed with no message"
+    broken = [found.group(1) for found in map(PIP_BROKEN_CONNECTION.search, lines) if found]
+    return f"{why} (the index did not answer: {broken[-1]})" if broken else why
+
+
+def index_metadata(name, version, python_version, machine, pip_args, timeout_s):
     """The metadata of name==version's wheel for the box, as pip reads it from the package index (its
-    metadata only, where the index serves it apart: no wheel is downloaded whole)."""
+    metadata only, where the index serves it apart: no wheel is downloaded whole), within timeout_s; raises
+    NoAnswer."""
     with tempfile.TemporaryDirectory(prefix="specfleet-requirements-") as target:
         argv = [
             sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
             "--ignore-requires-python", "--quiet", "--only-binary=:all:", "--target", target,
             "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
             "--python-version", ".".join(python_version.split(".")[:2]), "--implementation", "cp",
+            "--timeout", str(timeout_s), "--retries", "1", "--disable-pip-version-check",
             "--report", "-", f"{name}=={version}", *shlex.split(pip_args),
         ]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise NoAnswer(f"no answer within {timeout_s} s") from None
     if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise RequirementsError(f"cannot read {name} {version}'s metadata from the package index: {why}")
-    report = json.loads(done.stdout)
-    metadata = report["install"][0]["metadata"]
+        raise NoAnswer(pip_failure(done.stderr))
+    try:
+        metadata = json.loads(done.stdout)["install"][0]["metadata"]
+    except (ValueError, LookupError, TypeError):
+        raise NoAnswer(f"pip's report is not one install: {done.stdout.strip()[:200]!r}") from None
     return {
         "name": metadata["name"],
         "version": metadata["version"],
@@ -146,20 +223,64 @@ def index_metadata(name, version, python_version, machine, pip_args):
     }
 
 
+def index_digest(pip_args):
+    """Where pip looks, as a short digest: its arguments, and pip's settings of its index in the controller's
+    environment."""
+    where = [shlex.split(pip_args), [os.environ.get(name, "") for name in PIP_INDEX_ENVIRONMENT]]
+    return hashlib.sha256(json.dumps(where).encode()).hexdigest()[:16]
+
+
+def either(items):
+    """'a', 'a or b', 'a, b or c'."""
+    return " or ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+def unanswered(name, version, args, why):
+    """The one line for metadata that no source gave: what, from where, why, and what to do."""
+    looked = [
+        f"{what} {path}" + ("" if os.path.isdir(path) else " (which does not exist)")
+        for what, path in (
+            ("the wheelhouse", args["wheelhouse"]),
+            ("the metadata directory", args["metadata_dir"]),
+        )
+        if path
+    ] + (["the controller's cache"] if args["cache"] else [])
+    where = (
+        f"nor from {either(looked)}" if looked else "and no wheelhouse, metadata directory or cache is set"
+    )
+    if looked and not args["wheelhouse"] and not args["metadata_dir"]:
+        where += " (no wheelhouse or metadata directory is set)"
+    return (
+        f"cannot read {name} {version}'s metadata for {python_tag(args['python_version'])} {args['machine']} "
+        f"from the package index: {why}; {where}: put the wheels of {args['package']} {args['version']} and "
+        "of the torch it pins in the wheelhouse (vllm_install_source: wheelhouse), or their .whl.metadata "
+        "files in vllm_release_metadata_dir"
+    )
+
+
 def read(name, version, args, check_mode):
-    """(metadata, where from): the wheelhouse's wheel, else the controller's cache of what the index said,
-    else the index (then kept in the cache: a release's metadata never changes)."""
-    found = wheel_metadata(args["wheelhouse"], name, version, args["python_version"])
-    if found:
-        return found, "wheelhouse"
-    key = f"{canonicalize_name(name)}-{version}-{python_tag(args['python_version'])}-{args['machine']}.json"
-    cached = os.path.join(args["cache"], key) if args["cache"] else ""
+    """(metadata, where from): the wheelhouse's wheel, else the metadata directory's file or wheel, else the
+    controller's cache of what this index said, else the index (then kept in the cache: a release's metadata
+    never changes). Each only for the box's Python and machine."""
+    for source in ("wheelhouse", "metadata_dir"):
+        found = local_metadata(args[source], name, version, args["python_version"], args["machine"])
+        if found:
+            return found, source
+    # Per index: the same pin is another build on another index (torch 2.14.0 on PyPI and on PyTorch's cu128).
+    tag, digest = python_tag(args["python_version"]), index_digest(args["pip_args"])
+    key = f"{canonicalize_name(name)}-{version}-{tag}-{args['machine']}-{digest}"
+    cached = os.path.join(args["cache"], f"{key}.json") if args["cache"] else ""
     try:
         with open(cached, encoding="utf-8") as kept:
             return json.load(kept), "cache"
     except (OSError, ValueError):
         pass
-    found = index_metadata(name, version, args["python_version"], args["machine"], args["pip_args"])
+    try:
+        found = index_metadata(
+            name, version, args["python_version"], args["machine"], args["pip_args"], args["timeout_s"]
+        )
+    except NoAnswer as why:
+        raise RequirementsError(unanswered(name, version, args, why)) from None
     if cached and not check_mode:
         os.makedirs(args["cache"], exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=args["cache"], delete=False, suffix=".tmp") as staged:
@@ -231,6 +352,12 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        if args["timeout_s"] < 1:
+            return {
+                **result,
+                "failed": True,
+                "msg": f"timeout_s is {args['timeout_s']}: give the index 1 s or more",
+            }
         try:
             facts = requirements(args, self._task.check_mode)
         except RequirementsError as error:

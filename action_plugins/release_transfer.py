@@ -57,11 +57,21 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         own = {name: self._task.args.get(name, spec["default"]) for name, spec in ARGUMENT_SPEC.items()}
         try:
-            total, interval = int(own["total_bytes"]), int(own["progress_interval"])
+            total = int(own["total_bytes"])
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail(
-                f"release_transfer: total_bytes and progress_interval are numbers ({exc})"
+                f"release_transfer: total_bytes={own['total_bytes']} is not a number of bytes"
             ) from exc
+        # The reporter waits this long between lines: at 0 or below it would spin through the transfer.
+        try:
+            interval = int(own["progress_interval"])
+        except (TypeError, ValueError):
+            interval = 0
+        if interval < 1:
+            raise AnsibleActionFail(
+                f"release_transfer: progress_interval={own['progress_interval']} is not a number of seconds"
+                " of at least 1"
+            )
         fd, log = tempfile.mkstemp(prefix="specfleet-transfer-", suffix=".log")
         os.close(fd)
         args = {name: value for name, value in self._task.args.items() if name not in ARGUMENT_SPEC}

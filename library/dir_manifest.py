@@ -11,6 +11,11 @@ description:
   - "Walks I(path) and returns every regular file with its size, modification time and sha256, plus
     C(digest), the sha256 of the sorted (name, size, sha256) list. The digest names a release: the
     same content gives the same digest wherever it lies."
+  - "A link to a regular file is listed under the link's name with what it points at (size, modification
+    time, sha256): a Hugging Face cache snapshot's files are links into its C(blobs/), and a transfer that
+    follows links (rsync C(--copy-links)) makes each the regular file it points at, so the copy's manifest
+    and digest are the same. A dangling link or a link to a directory fails the module, in one line naming
+    it, unless I(exclude) leaves it out; other files that are not regular (sockets, pipes) are left out."
   - With I(cache), sha256 values are reused for files whose size and mtime are unchanged, so a
     multi-GB checkpoint that did not change is not read again (only stat'ed).
   - "Files are hashed side by side (I(workers) at once): a checkpoint's shards are many large files, and
@@ -73,7 +78,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 files:
-  description: One entry per regular file, sorted by name.
+  description: One entry per regular file or link to one, sorted by name.
   returned: success
   type: list
   elements: dict

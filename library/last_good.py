@@ -49,6 +49,14 @@ options:
       config and NCCL environment the unit file holds).
     type: dict
     default: {}
+  merge:
+    description:
+      - With I(state=recorded), record only the given I(files) and I(links) anew, into the box's record, and
+        keep the rest of it as it is (its other files and links, I(serving), I(details) and figures). After a
+        change to the proxy alone, what clients reach is recorded and the server behind it stays as judged.
+      - A box without a record records nothing.
+    type: bool
+    default: false
   measured:
     description:
       - The checks' figures to rank, C(key) (the workload and k they were measured on) and C(figures)
@@ -230,7 +238,16 @@ def best_of(kept, measured, recorded_at):
     return best
 
 
-def record(module, directory, files, now, details, best):
+def merged(kept, now):
+    """The record with `now`'s files and links over its own, and the rest of it as it is."""
+    return {
+        "files": {**kept["files"], **now["files"]},
+        "links": {**kept["links"], **now["links"]},
+        "serving": kept["serving"],
+    }
+
+
+def record(module, directory, files, now, details, best, modes=None):
     copies = os.path.join(directory, "files")
     os.makedirs(copies, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -240,7 +257,10 @@ def record(module, directory, files, now, details, best):
             place(module, copy_of(path), copy, 0o600)
         elif os.path.exists(copy):
             os.remove(copy)
-    modes = {name: os.stat(path).st_mode & 0o777 for name, path in files.items() if now["files"][name]}
+    modes = {
+        **(modes or {}),
+        **{name: os.stat(path).st_mode & 0o777 for name, path in files.items() if now["files"][name]},
+    }
     recorded_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
     kept = dict(now, modes=modes, recorded_at=recorded_at, details=details, best=best(recorded_at))
     text = json.dumps(kept, indent=1, sort_keys=True).encode()
@@ -294,6 +314,7 @@ def main():
             "serving": {"type": "dict", "default": {}},
             "details": {"type": "dict", "default": {}},
             "measured": {"type": "dict", "default": {}},
+            "merge": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -302,14 +323,19 @@ def main():
     files, links = params["files"], params["links"]
     kept = read_record(module, directory)
     now = identity(module, files, links, params["serving"])
+    if params["merge"] and kept:
+        now = merged(kept, now)
     changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
     result = {"changed": False, "ansible_facts": {"last_good": public(kept)}, "changes": changes}
 
-    if state == "recorded" and (kept is None or changes):
+    if state == "recorded" and (kept is None or changes) and not (params["merge"] and kept is None):
         result["changed"] = True
         if not module.check_mode:
-            best = partial(best_of, kept, params["measured"])
-            kept = record(module, directory, files, now, params["details"], best)
+            # Merged, the server's details and figures stay the record's: nothing judged it anew.
+            merge = params["merge"]
+            details, modes = (kept["details"], kept.get("modes")) if merge else (params["details"], None)
+            best = partial(best_of, kept, {} if merge else params["measured"])
+            kept = record(module, directory, files, now, details, best, modes)
             result["ansible_facts"]["last_good"] = public(kept)
     elif state == "restored":
         result["restored"] = restore(module, directory, kept, files, links, now) if kept else []

@@ -18,6 +18,10 @@ description:
     I(link) points at, the one it left, nor one that I(protect) names (the box's last known good, which a
     restore puts back even when a failed state was kept). A run where I(link) already points at the
     release changes nothing and costs one call: it reads the link and nothing else."
+  - "Where I(link) moves, the staged copies of other releases (every other C(<id>.partial) in I(releases):
+    a transfer abandoned halfway, a checkpoint that failed its checks) are removed too, whatever I(keep)
+    says; the staged copy of the release switched to is published, never removed. A transfer that resumes
+    an abandoned copy starts again once a switch to another release removed it."
   - "In check mode nothing is written; a release that check mode did not stage is reported as one that
     would be published."
 options:
@@ -96,7 +100,8 @@ published:
   returned: success
   type: bool
 pruned:
-  description: The releases removed (or that would be) because more than I(keep) were kept.
+  description: What was removed (or would be, in check mode) where I(link) moved, as paths; the releases
+    beyond the I(keep) newest, then the staged copies (C(<id>.partial)) of other releases, sorted by name.
   returned: success
   type: list
   elements: str
@@ -133,6 +138,20 @@ def published_releases(releases):
         and not entry.name.endswith(".partial")
         and not entry.name.startswith(".")
     ]
+
+
+def staged_copies(releases, staged):
+    """The staged copies (<id>.partial directories) in releases other than `staged`, sorted by path."""
+    if not os.path.isdir(releases):
+        return []
+    return sorted(
+        entry.path
+        for entry in os.scandir(releases)
+        if entry.is_dir(follow_symlinks=False)
+        and entry.name.endswith(".partial")
+        and not entry.name.startswith(".")
+        and entry.path != staged
+    )
 
 
 def publish(staged, release, record):
@@ -187,6 +206,8 @@ def main():
     if result["published"]:
         newest_first.insert(0, release)
     result["pruned"] = [path for path in newest_first[params["keep"] :] if path not in kept]
+    # Abandoned transfers of other releases (weights: hundreds of GB) go with the link's move.
+    result["pruned"] += staged_copies(releases, staged)
     if module.check_mode:
         module.exit_json(**result)
 

@@ -8,6 +8,8 @@ import json
 import os
 import tempfile
 
+from ansible.module_utils.specfleet_files import make_dirs
+
 __all__ = ["LOCK_OPTIONS", "hold", "release"]
 
 # The lock's options, as deploy_lock takes them.
@@ -45,7 +47,7 @@ def age_s(lock, path):
 
 def create(module, path, lock):
     """Link a complete file to `path`: fails with FileExistsError when another run got there first."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    make_dirs(os.path.dirname(path) or ".")
     handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".deploy-lock.")
     try:
         with os.fdopen(handle, "w") as stream:
@@ -62,7 +64,7 @@ def guarded(path):
     lock's directory. Two runs that both found a stale lock would otherwise both remove it, and the
     second would remove the first one's new lock."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    make_dirs(directory)
     handle = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)

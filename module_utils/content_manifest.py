@@ -35,14 +35,29 @@ def sha256_file(path, chunk=CHUNK):
 
 
 def walk(root, exclude):
-    """Relative names of the regular files under root, sorted; symlinks are not followed."""
+    """Relative names of the regular files under root, sorted. A link to a regular file is one, under the
+    link's name (a Hugging Face snapshot's files are links into its blobs/; rsync --copy-links ships each as
+    the file it points at); a dangling link or a link to a directory is a ManifestError, never left out."""
     names = []
     for directory, subdirs, files in os.walk(root):
         subdirs.sort()
+        # os.walk lists a link to a directory among the directories (and does not enter it), a dangling
+        # link among the files.
+        for name in subdirs:
+            full = os.path.join(directory, name)
+            if os.path.islink(full) and os.path.relpath(full, root) not in exclude:
+                raise ManifestError(
+                    f"{full} is a link to a directory: {os.readlink(full)} "
+                    "(only links to files are shipped, as the files they point at)"
+                )
         for name in files:
             full = os.path.join(directory, name)
             relative = os.path.relpath(full, root)
-            if relative not in exclude and os.path.isfile(full) and not os.path.islink(full):
+            if relative in exclude:
+                continue
+            if os.path.islink(full) and not os.path.exists(full):
+                raise ManifestError(f"{full} is a dangling link: {os.readlink(full)} does not exist")
+            if os.path.isfile(full):
                 names.append(relative)
     return sorted(names)
 

@@ -8,6 +8,8 @@ import json
 import os
 import tempfile
 
+from ansible.module_utils.specfleet_files import make_dirs
+
 __all__ = ["KeptMeasurementError", "read_kept", "write_kept", "changed_fields"]
 
 
@@ -30,7 +32,7 @@ def write_kept(module, path, kept):
     """Write `kept` whole in the module's temporary directory (removed when the module ends), then
     move it into place: a reader never sees half a file."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    make_dirs(directory)
     handle, temporary = tempfile.mkstemp(dir=module.tmpdir, prefix=os.path.basename(path) + ".")
     with os.fdopen(handle, "w") as stream:
         json.dump(kept, stream, indent=1, sort_keys=True)

@@ -76,6 +76,21 @@ if [ ! -x "$promtool" ]; then
 fi
 ln -sfn "$promtool" "$venv/bin/promtool"
 
+# nginx (the unit tests run roles/vllm_proxy's site in it): the boxes' own package, unpacked into the cache
+# the same way, not installed (that would start a web server on this machine).
+nginx="$cache_dir/nginx/usr/sbin/nginx"
+if [ ! -x "$nginx" ]; then
+  step "nginx: unpacking Debian's nginx package into $cache_dir/nginx"
+  apt-get update -qq
+  unpack=$(mktemp -d)
+  chmod 755 "$unpack"
+  rm -rf "$cache_dir/nginx.partial"
+  (cd "$unpack" && apt-get download -qq nginx && dpkg-deb -x nginx_*.deb "$cache_dir/nginx.partial")
+  rm -rf "$unpack" "$cache_dir/nginx"
+  mv "$cache_dir/nginx.partial" "$cache_dir/nginx"
+fi
+ln -sfn "$nginx" "$venv/bin/nginx"
+
 # The controller's key for the sim boxes (sim/roles/sim_box authorizes it on each box).
 if [ ! -s "$cache_dir/ssh/id_ed25519" ]; then
   step "ssh: a controller key for the sim boxes"

@@ -20,14 +20,17 @@ from driver import Box, podman
 IMAGE = "localhost/specfleet-prometheus:bookworm"
 RULES_DIR = "/etc/prometheus/rules"
 TARGETS_FILE = "/etc/prometheus/file_sd/specfleet-vllm.yml"
+CA_FILE = "/etc/prometheus/specfleet-ca.pem"
 
 
 class PrometheusBox(Box):
     """Started by `with PrometheusBox(name, scrape_interval) as prometheus:`, removed on leaving."""
 
-    def __init__(self, container: str, scrape_interval: str = "2s") -> None:
+    def __init__(self, container: str, scrape_interval: str = "2s", ca: Path | None = None) -> None:
+        """`ca`: a CA whose certificates the job trusts over https (a box's proxy with TLS)."""
         super().__init__(container)
         self.scrape_interval = scrape_interval
+        self.ca = ca
         self.url = ""
 
     def __enter__(self) -> PrometheusBox:
@@ -48,12 +51,15 @@ class PrometheusBox(Box):
             "inspect", "-f", "{{.NetworkSettings.IPAddress}}", self.container
         ).stdout.strip()
         self.sh(f"mkdir -p {RULES_DIR} {Path(TARGETS_FILE).parent}")
+        job = {"job_name": "specfleet-vllm", "file_sd_configs": [{"files": [TARGETS_FILE]}]}
+        if self.ca:
+            # As roles/monitoring's snippet has it (monitoring_tls_ca_file).
+            self.write(CA_FILE, self.ca.read_text())
+            job["tls_config"] = {"ca_file": CA_FILE}
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
             "rule_files": [f"{RULES_DIR}/*.yml"],
-            "scrape_configs": [
-                {"job_name": "specfleet-vllm", "file_sd_configs": [{"files": [TARGETS_FILE]}]}
-            ],
+            "scrape_configs": [job],
         }
         self.write("/etc/prometheus/prometheus.yml", yaml.safe_dump(config))
         self.sh("systemctl is-system-running --wait >/dev/null; systemctl restart prometheus", check=False)

@@ -193,17 +193,21 @@ def side_effect(scenario):
     deploy = scenario.play("deploy.yml")
     assert deploy.ok and deploy.changed(host) == 0, str(deploy)
 
-    # The unit's files are written only where they differ from what the role writes (one read before the
-    # writes): a unit edited by hand and a key file opened to all are found (check mode would write both).
+    # The unit's and the proxy's files are written only where they differ from what the roles write (one
+    # read before the writes): a unit edited by hand and the site with the keys opened to all are found
+    # (check mode would write both).
     box = scenario.box
-    unit = "/etc/systemd/system/vllm.service"
+    unit, site = "/etc/systemd/system/vllm.service", "/etc/nginx/conf.d/specfleet-vllm.conf"
     box.sh(f"cp -p {unit} /tmp/vllm.service.kept && echo '# by hand' >> {unit}")
-    box.sh("chmod 0644 /etc/vllm/vllm.env")
+    box.sh(f"chmod 0644 {site}")
     drifted = scenario.play("deploy.yml", "--check")
-    configure = {"host": host, "role": "vllm_service", "file": "vllm_service/tasks/configure.yml"}
-    written = [r.action.rsplit(".", 1)[-1] for r in drifted.changed_results(**configure)]
-    assert drifted.ok and written == ["copy", "template"], str(drifted)
-    box.sh(f"mv /tmp/vllm.service.kept {unit} && chmod 0600 /etc/vllm/vllm.env")
+    written = [
+        (r.role, r.action.rsplit(".", 1)[-1])
+        for r in drifted.changed_results(host=host)
+        if r.file.endswith(("vllm_service/tasks/configure.yml", "vllm_proxy/tasks/main.yml"))
+    ]
+    assert drifted.ok and written == [("vllm_service", "template"), ("vllm_proxy", "template")], str(drifted)
+    box.sh(f"mv /tmp/vllm.service.kept {unit} && chmod 0600 {site}")
 
     tune_speculation(scenario)
     upgrade_driver(scenario)

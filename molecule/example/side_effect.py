@@ -1,14 +1,17 @@
 """The production profile on its three boxes, read from the runs' structured results and from the boxes:
 what the converge served and gated on each, the NCCL environment each unit got from its topology, the
 proxy on the port a box's host_vars give, SpeculationOff armed for every box in the exported rules
-(promtool), and the tuner's k served on one box."""
+(promtool), the tuner's k served on one box, and TLS on one box from the inventory, scraped over it by a
+real Prometheus."""
 
 import json
 import shlex
 
 import yaml
-from driver import ROOT
+from driver import ROOT, podman
 from gpu_topology import PCIE_TUNED_NCCL_ENV
+from nginx_proxy import certificate_authority
+from prometheus_box import CA_FILE, PrometheusBox
 from promtool_rules import MINUTES, PROMTOOL, alert, counters, promtool_test, without_annotations
 
 PROFILE = ROOT / "inventory/example"
@@ -152,9 +155,76 @@ def the_tuners_k_is_served(scenario):
     assert box.out("systemctl is-active vllm").strip() == "active"
 
 
+HTTPS = """
+import json, ssl, sys, urllib.error, urllib.request
+url, key, ca = sys.argv[1:4]
+context = ssl.create_default_context(cafile=ca)
+request = urllib.request.Request(url, headers={"Authorization": "Bearer " + key})
+try:
+    print(urllib.request.urlopen(request, timeout=30, context=context).status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+"""
+
+
+def tls_from_the_inventory_scraped_over_it(scenario):
+    """TLS on one box, its certificate and key from the inventory (a CA the test makes signs it for the
+    address Prometheus and clients reach): a change of the proxy alone (no model load), the clients' path
+    checked over https; a client that trusts the CA gets its completion, plain HTTP is refused; a real
+    Prometheus that trusts it scrapes /metrics and the loads over https; the next run and --check change
+    nothing."""
+    host = PCIE_BOXES[0]
+    box = scenario.boxes[host]
+    port = profile(host)["vllm_service_port"]
+    address = podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", box.container).stdout.strip()
+    ca, certificate, key = certificate_authority(scenario.workdir, address)
+    tls = {"vllm_proxy_tls_certificate": certificate, "vllm_proxy_tls_certificate_key": key}
+    settings = {"monitoring_targets": [host], "monitoring_tls_ca_file": CA_FILE}
+    with PrometheusBox(f"{box.container}-prometheus", ca=ca) as prometheus:
+        inventory = prometheus.inventory(scenario.workdir / "prometheus.json", settings, {host: address})
+        loads = box.out("cat /var/lib/specfleet/loads/loads.json")
+        on = scenario.play(
+            "deploy.yml", "--tags", "vllm_proxy", "--limit", host, extra_vars=tls, inventory=inventory
+        )
+        assert on.ok, str(on)
+        assert {r.role for r in on.changed_results(host=host)} == {"vllm_proxy", "transaction"}, str(on)
+        clients = on.one(host=host, role="vllm_proxy", file="vllm_proxy/tasks/ready.yml", action="script")
+        assert json.loads(clients.result["stdout_lines"][-1])["url"] == f"https://127.0.0.1:{port}", (
+            clients.result
+        )
+        assert box.out("cat /var/lib/specfleet/loads/loads.json") == loads
+        assert key not in on.stdout
+        client_key = scenario.profile["overrides"]["vault_vllm_service_api_key"]["value"]
+        prometheus.write("/tmp/ca.pem", ca.read_text())
+        https = f"https://{address}:{port}/v1/models"
+        assert (
+            prometheus.out(shlex.join(["python3", "-c", HTTPS, https, client_key, "/tmp/ca.pem"])).strip()
+            == "200"
+        )
+        assert status(prometheus, f"http://{address}:{port}/v1/models", client_key) == 400
+        for args in ([], ["--check"]):
+            again = scenario.play(
+                "deploy.yml",
+                "--tags",
+                "vllm_proxy",
+                "--limit",
+                host,
+                *args,
+                extra_vars=tls,
+                inventory=inventory,
+            )
+            assert again.ok and again.changed(host) == 0, str(again)
+        monitored = scenario.play("playbooks/monitoring.yml", inventory=inventory)
+        assert monitored.ok, str(monitored)
+        for metrics in ('metrics!="loads"', 'metrics="loads"'):
+            up = f'up{{job="specfleet-vllm", host="{host}", {metrics}}} == 1'
+            prometheus.wait(lambda up=up: prometheus.query(up), f"{host} scraped over https ({metrics})", 60)
+
+
 def side_effect(scenario):
     assert set(scenario.boxes) == {*PCIE_BOXES, NVLINK_BOX}, scenario.boxes
     each_box_serves_the_shipped_drafter(scenario)
     each_unit_has_its_topologys_nccl_environment(scenario)
     speculation_off_is_armed_for_every_box(scenario)
     the_tuners_k_is_served(scenario)
+    tls_from_the_inventory_scraped_over_it(scenario)

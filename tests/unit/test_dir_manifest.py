@@ -61,11 +61,63 @@ def test_cache_with_a_stale_size_is_not_trusted(tmp_path):
     assert manifest["hashed"] == ["config.json"]
 
 
-def test_exclude_and_symlinks_left_out(tmp_path):
+def test_exclude_left_out(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    (root / "link").symlink_to(root / "config.json")
     manifest, _ = cm.build_manifest(str(root), exclude=["sub/extra.txt"])
     assert [f["name"] for f in manifest["files"]] == ["config.json", "model.safetensors"]
+
+
+def hugging_face_snapshot(tmp_path):
+    """A Hugging Face cache snapshot: each file a relative link into blobs/, named by its content."""
+    source = make_checkpoint(tmp_path / "source")
+    blobs, snapshot = tmp_path / "hub/blobs", tmp_path / "hub/snapshots/0a1b2c"
+    blobs.mkdir(parents=True)
+    (snapshot / "sub").mkdir(parents=True)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        blob = blobs / hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copyfile(path, blob)
+        name = path.relative_to(source)
+        (snapshot / name).symlink_to(os.path.relpath(blob, (snapshot / name).parent))
+    return source, snapshot
+
+
+def test_a_link_to_a_file_is_described_by_what_it_points_at(tmp_path, run_module):
+    """Shipped with rsync's --copy-links, the link becomes the file it points at: the box's staged copy
+    (where it is a regular file) gives the same manifest, and so the same digest."""
+    source, snapshot = hugging_face_snapshot(tmp_path)
+    linked, _ = cm.build_manifest(str(snapshot))
+    copied, _ = cm.build_manifest(str(source))
+    assert [f["name"] for f in linked["files"]] == ["config.json", "model.safetensors", "sub/extra.txt"]
+    weights = next(f for f in linked["files"] if f["name"] == "model.safetensors")
+    assert weights["sha256"] == hashlib.sha256((source / "model.safetensors").read_bytes()).hexdigest()
+    assert (weights["size"], linked["total_bytes"]) == (4096, copied["total_bytes"])
+    assert linked["digest"] == copied["digest"]
+    staged = tmp_path / "staged"
+    shutil.copytree(snapshot, staged)  # links followed, as rsync --copy-links does
+    assert not any(path.is_symlink() for path in staged.rglob("*"))
+    assert run_module(dm, {"path": str(staged), "compare": linked["files"]})["differs"] == []
+
+
+def test_a_dangling_link_or_a_link_to_a_directory_fails_in_one_line(tmp_path, run_module):
+    root = make_checkpoint(tmp_path / "ckpt")
+    (root / "gone.safetensors").symlink_to("../blobs/0123")
+    result = run_module(dm, {"path": str(root)})
+    assert result["failed"] is True
+    assert result["msg"] == f"{root}/gone.safetensors is a dangling link: ../blobs/0123 does not exist"
+    # On the controller (its action, in the worker), the same line.
+    run, _ = describe_on_the_controller(tmp_path, {"path": str(root)})
+    assert run.failures() == [result["msg"]], str(run)
+    (root / "gone.safetensors").unlink()
+    (tmp_path / "tokenizer").mkdir()
+    (root / "tokenizer").symlink_to(tmp_path / "tokenizer")
+    result = run_module(dm, {"path": str(root)})
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"{root}/tokenizer is a link to a directory: {tmp_path}/tokenizer "
+        "(only links to files are shipped, as the files they point at)"
+    )
+    # Left out by name, it is not looked at.
+    assert run_module(dm, {"path": str(root), "exclude": ["tokenizer"]})["files"]
 
 
 def test_module_writes_its_cache_but_not_in_check_mode(tmp_path, run_module):

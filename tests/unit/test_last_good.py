@@ -205,3 +205,47 @@ def test_reading_the_record_takes_no_lock(box, run_module):
     assert json.loads(lock.read_text())["token"] == "run-1"
     refused = run_module(last_good, args(box, "read", lock={"path": str(lock), "token": "run-2"}))
     assert refused["failed"] is True and "lock" in refused["msg"]
+
+
+def test_a_change_of_the_proxy_alone_merges_into_the_record(box, run_module):
+    """--tags vllm_proxy (a new key): the site is recorded anew, and the server behind it stays as judged -
+    its unit, environment and links as recorded, its details and best figures kept."""
+    site = box / "site.conf"
+    site.write_text('map $http_authorization $authorized { "~^(?i:Bearer) +old-key$" 1; }\n')
+    site.chmod(0o600)
+    whole = args(box, "recorded", details={"gate": {"mean_acceptance_length": 3.37}})
+    whole["files"]["proxy"] = str(site)
+    measured = {"key": "w", "figures": {"mean_acceptance_length": 3.37}}
+    run_module(last_good, {**whole, "measured": measured})
+    # The key changes; meanwhile the unit on disk differs too (a run that did not confirm it): not recorded.
+    site.write_text('map $http_authorization $authorized { "~^(?i:Bearer) +new-key$" 1; }\n')
+    (box / "vllm.service").write_text("[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/other\n")
+    merged = run_module(
+        last_good, {**args(box, "recorded"), "files": {"proxy": str(site)}, "links": {}, "merge": True}
+    )
+    assert merged["changed"] is True
+    record = merged["ansible_facts"]["last_good"]
+    assert record["details"] == {"gate": {"mean_acceptance_length": 3.37}}
+    assert record["best"]["w"]["mean_acceptance_length"] == 3.37
+    assert record["links"] == {"drafter": str(box / "drafters" / "releases" / "good")}
+    kept = box / "last_good" / "files"
+    assert "new-key" in (kept / "proxy").read_text()
+    assert "/models/m\n" in (kept / "unit").read_text()
+    # A failed change later puts back the new site and the recorded unit.
+    site.write_text("broken\n")
+    restore = run_module(last_good, {**whole, "state": "restored"})
+    assert restore["restored"] == ["proxy file", "unit file"]
+    assert "new-key" in site.read_text()
+    assert stat.S_IMODE(site.stat().st_mode) == 0o600
+    assert "/models/m\n" in (box / "vllm.service").read_text()
+
+
+def test_a_merge_on_a_box_without_a_record_records_nothing(box, run_module):
+    site = box / "site.conf"
+    site.write_text("server {}\n")
+    merged = run_module(
+        last_good, {**args(box, "recorded"), "files": {"proxy": str(site)}, "links": {}, "merge": True}
+    )
+    assert merged["changed"] is False
+    assert merged["ansible_facts"]["last_good"] == {"recorded": False}
+    assert not (box / "last_good").exists()

@@ -1,15 +1,38 @@
 """release_requirements: the box's Python and driver against what a pinned vLLM release requires, read from
-real package metadata in metadata-only wheels (tests/metadata_wheels.py), from a wheelhouse and through
-pip's index report."""
+real package metadata in metadata-only wheels and metadata files (tests/metadata_wheels.py), from a
+wheelhouse, a metadata directory and through pip's index report."""
 
+import contextlib
 import json
+import re
+import socket
 from pathlib import Path
 
 import yaml
 from driver import run_playbook
-from metadata_wheels import metadata_wheel, wheelhouse
+from metadata_wheels import FIXTURES, metadata_files, metadata_wheel, releases, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def silent_index():
+    """(an index URL, its socket): a local TCP port that takes connections (the kernel's backlog) and never
+    answers, as an index behind a firewall that drops replies does."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/simple", listener
+
+
+def reached(listener):
+    """Whether anything connected to the silent index."""
+    listener.setblocking(False)
+    try:
+        listener.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
 
 
 def check(tmp_path, *calls, options=()):
@@ -114,13 +137,15 @@ def test_from_the_index_once_then_from_the_cache(tmp_path):
         == second.facts["release_requirements"]["cuda"]
         == "13.0.3"
     )
-    assert sorted(p.name for p in cache.iterdir()) == [
-        "torch-2.14.0-cp312-x86_64.json",
-        "vllm-0.33.0-cp312-x86_64.json",
-    ]
+    # Keyed by the box's Python and machine, and a digest of the index arguments.
+    assert [re.sub(r"-[0-9a-f]{16}[.]json$", "", p.name) for p in sorted(cache.iterdir())] == [
+        "torch-2.14.0-cp312-x86_64",
+        "vllm-0.33.0-cp312-x86_64",
+    ], sorted(p.name for p in cache.iterdir())
     run, (missing,) = check(tmp_path, {**at, "version": "0.33.9", "cache": ""})
     assert missing.status == "failed" and missing.msg.startswith(
-        "cannot read vllm 0.33.9's metadata from the package index: "
+        "cannot read vllm 0.33.9's metadata for cp312 x86_64 from the package index: No matching "
+        "distribution found for vllm==0.33.9; and no wheelhouse, metadata directory or cache is set: "
     ), str(run)
 
 
@@ -142,3 +167,144 @@ def test_the_role_defaults_and_the_example_inventory_fit_together(tmp_path):
         },
     )
     assert fits.status == "ok", str(run)
+
+
+def test_a_wheel_for_another_machine_is_not_read(tmp_path):
+    """A wheelhouse that holds the release for both machines: an x86_64 box reads the x86_64 wheels, an
+    aarch64 box the aarch64 ones (here a made-up aarch64 torch 2.14.0 built for CUDA 12.9, which a 575
+    driver runs). One that holds only aarch64 wheels has nothing for an x86_64 box, which goes on to the
+    index (here a port that refuses)."""
+    both = wheelhouse(tmp_path / "both")
+    for name, metadata in releases(machine="aarch64").items():
+        if name.startswith("torch-2.14.0-"):
+            metadata = metadata.replace("]==13.0.3;", "]==12.9.1;")
+        metadata_wheel(both / name, metadata)
+    arm = wheelhouse(tmp_path / "arm", machine="aarch64")
+    at = {
+        **VLLM_033,
+        "python_version": "3.12.3",
+        "driver_version": "575.57.08",
+        "pip_args": "--index-url http://127.0.0.1:9/simple",
+    }
+    run, (x86, aarch64, x86_from_arm, aarch64_from_arm) = check(
+        tmp_path,
+        {**at, "wheelhouse": str(both)},
+        {**at, "wheelhouse": str(both), "machine": "aarch64"},
+        {**at, "wheelhouse": str(arm), "driver_version": "580.95.05"},
+        {**at, "wheelhouse": str(arm), "driver_version": "580.95.05", "machine": "aarch64"},
+    )
+    assert x86.status == "failed" and x86.msg == (
+        "vllm 0.33.0 pins torch 2.14.0, built for CUDA 13.0.3, which needs NVIDIA driver branch 580 or "
+        "newer; nvidia_cuda_driver_version is 575.57.08"
+    ), str(run)
+    assert aarch64.status == "ok", str(run)
+    assert aarch64.facts["release_requirements"]["cuda"] == "12.9.1"
+    assert aarch64.facts["release_requirements"]["sources"] == {"vllm": "wheelhouse", "torch": "wheelhouse"}
+    assert x86_from_arm.status == "failed" and x86_from_arm.msg.startswith(
+        "cannot read vllm 0.33.0's metadata for cp312 x86_64 from the package index: "
+    ), str(run)
+    assert "Connection refused" in x86_from_arm.msg and "\n" not in x86_from_arm.msg
+    assert aarch64_from_arm.facts["release_requirements"]["sources"] == {
+        "vllm": "wheelhouse",
+        "torch": "wheelhouse",
+    }, str(run)
+
+
+def test_a_metadata_directory_answers_without_the_index(tmp_path):
+    """An air-gapped controller: the operator's directory of the files an index serves beside each wheel
+    (`<wheel>.metadata`, PEP 658), or of whole wheels, answers; the index (a silent port) is never reached and
+    nothing is cached. A torch from PyTorch's own index carries a local version (2.14.0+cu130): the pin
+    torch==2.14.0 takes it, as pip does."""
+    files = metadata_files(tmp_path / "metadata")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (vllm,) = (name for name in releases() if name.startswith("vllm-"))
+    metadata_wheel(mixed / vllm, releases()[vllm])
+    torch = (FIXTURES / "torch-2.14.0-cp312-manylinux_2_28_x86_64.METADATA").read_text()
+    (mixed / "torch-2.14.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl.metadata").write_text(
+        torch.replace("Version: 2.14.0\n", "Version: 2.14.0+cu130\n")
+    )
+    # The other machine's files are not read.
+    metadata_files(tmp_path / "arm", machine="aarch64")
+    cache = tmp_path / "cache"
+    with silent_index() as (url, listener):
+        at = {
+            **VLLM_033,
+            "python_version": "3.12.3",
+            "driver_version": "580.95.05",
+            "pip_args": f"--index-url {url}",
+            "cache": str(cache),
+            "timeout_s": 5,
+        }
+        run, (answered, from_mixed, arm) = check(
+            tmp_path,
+            {**at, "metadata_dir": str(files)},
+            {**at, "metadata_dir": str(mixed)},
+            {
+                **at,
+                "metadata_dir": str(tmp_path / "arm"),
+                "pip_args": "--index-url http://127.0.0.1:9/simple",
+            },
+        )
+        assert not reached(listener), str(run)
+    assert answered.status == "ok", str(run)
+    assert answered.facts["release_requirements"]["cuda"] == "13.0.3"
+    assert answered.facts["release_requirements"]["sources"] == {
+        "vllm": "metadata_dir",
+        "torch": "metadata_dir",
+    }
+    assert from_mixed.status == "ok", str(run)
+    assert from_mixed.facts["release_requirements"]["sources"] == {
+        "vllm": "metadata_dir",
+        "torch": "metadata_dir",
+    }
+    assert arm.status == "failed" and arm.msg.startswith("cannot read vllm 0.33.0's metadata"), str(run)
+    assert not cache.exists()
+
+
+def test_the_cache_is_kept_per_index(tmp_path):
+    """The same pins read through another index are another answer: torch==2.14.0 is a CUDA 13 build on PyPI
+    and a CUDA 12 one (2.14.0+cu128, here torch 2.8.0's requirements under that version) on PyTorch's cu128
+    index. What one index said is never the other's: each reads its own, then its own cache."""
+    cuda13 = wheelhouse(tmp_path / "cuda13")
+    cuda12 = tmp_path / "cuda12"
+    cuda12.mkdir()
+    (vllm,) = (name for name in releases() if name.startswith("vllm-"))
+    metadata_wheel(cuda12 / vllm, releases()[vllm])
+    torch = (FIXTURES / "torch-2.8.0-cp311-manylinux_2_28_x86_64.METADATA").read_text()
+    metadata_wheel(
+        cuda12 / "torch-2.14.0+cu128-cp312-cp312-manylinux_2_28_x86_64.whl",
+        torch.replace("Version: 2.8.0\n", "Version: 2.14.0+cu128\n"),
+    )
+    at = {**VLLM_033, "python_version": "3.12.3", "driver_version": "575.57.08", "cache": str(tmp_path / "c")}
+    on13 = {**at, "pip_args": f"--no-index --find-links {cuda13}"}
+    on12 = {**at, "pip_args": f"--no-index --find-links {cuda12}"}
+    run, (first13, first12, again13, again12) = check(tmp_path, on13, on12, on13, on12)
+    assert first13.status == again13.status == "failed" and "CUDA 13.0.3" in first13.msg, str(run)
+    assert first12.status == "ok", str(run)
+    facts = first12.facts["release_requirements"]
+    assert (facts["cuda"], facts["min_driver_branch"]) == ("12.8.90", 525)
+    assert facts["sources"] == {"vllm": "index", "torch": "index"}
+    assert again12.facts["release_requirements"]["sources"] == {"vllm": "cache", "torch": "cache"}, str(run)
+    assert len(list((tmp_path / "c").iterdir())) == 4
+
+
+def test_an_index_that_does_not_answer_fails_within_the_timeout(tmp_path):
+    """A cold cache and an index that takes the connection and never answers: the check gives up after
+    timeout_s, with one line that says what it could not read, from where, and what to do."""
+    wheels = wheelhouse(tmp_path / "wheels")
+    with silent_index() as (url, _):
+        at = {**VLLM_033, "python_version": "3.12.3", "driver_version": "580.95.05"}
+        run, (before, silent) = check(
+            tmp_path,
+            {**at, "wheelhouse": str(wheels)},
+            {**at, "pip_args": f"--index-url {url}", "timeout_s": 3, "cache": str(tmp_path / "cache")},
+        )
+    assert before.status == "ok", str(run)
+    assert silent.status == "failed" and silent.msg == (
+        "cannot read vllm 0.33.0's metadata for cp312 x86_64 from the package index: no answer within 3 s; "
+        "nor from the controller's cache (no wheelhouse or metadata directory is set): put the wheels of "
+        "vllm 0.33.0 and of the torch it pins in the wheelhouse (vllm_install_source: wheelhouse), or their "
+        ".whl.metadata files in vllm_release_metadata_dir"
+    ), str(run)
+    assert 3 <= silent.ended - before.ended < 8, silent.ended - before.ended

@@ -61,19 +61,20 @@ def test_a_new_release_keeps_the_replaced_one_as_previous_and_prunes_the_oldest(
     for age, release in enumerate(["old3", "old2", "old1"]):
         stage(root, release, mtime=1_000_000 + age, published=True)
     os.symlink(root / "releases" / "old3", root / "current")  # the oldest serves: it is never pruned
-    stage(root, "other")  # a staged copy (other.partial): not a release, never pruned
+    stage(root, "other")  # another release's staged copy (other.partial): not one of the kept releases
     stage(root, "new")
     result = switch(run_module, root, "new")
     assert result["replaced"] == str(root / "releases" / "old3")
     assert os.readlink(root / "previous") == str(root / "releases" / "old3")
     assert os.readlink(root / "current") == str(root / "releases" / "new")
-    # new, old1 and old2 are the three newest; old3 is beyond them, but current left it: kept.
-    assert result["pruned"] == []
+    # new, old1 and old2 are the three newest; old3 is beyond them, but current left it: kept. The staged
+    # copy of another release goes as current moves.
+    assert result["pruned"] == [str(root / "releases" / "other.partial")]
     stage(root, "newer")
     result = switch(run_module, root, "newer")
     assert result["pruned"] == [str(root / "releases" / "old2"), str(root / "releases" / "old3")]
     left = sorted(p.name for p in (root / "releases").iterdir())
-    assert left == ["new", "newer", "old1", "other.partial"]
+    assert left == ["new", "newer", "old1"]
     assert os.readlink(root / "previous") == str(root / "releases" / "new")
 
 
@@ -132,3 +133,24 @@ def test_something_other_than_a_link_at_the_served_path_is_left_alone(root, run_
     assert result["msg"] == said
     assert (root / "current" / "weights.bin").read_text() == "real weights"
     assert (root / "releases" / "aaa.partial").is_dir()
+
+
+def test_staged_copies_of_other_releases_are_pruned_when_the_link_moves(root, run_module):
+    """A transfer abandoned halfway leaves <id>.partial (hundreds of GB of weights): the next switch removes
+    it, and every other release's staged copy; the staged copy of the release switched to is published."""
+    stage(root, "aaa", published=True)
+    os.symlink(root / "releases" / "aaa", root / "current")
+    for abandoned in ("half", "older"):
+        (stage(root, abandoned) / "model-00001-of-00064.safetensors").write_bytes(b"\0" * 1024)
+    stage(root, "new")
+    partials = [str(root / "releases" / f"{name}.partial") for name in ("half", "older")]
+    checked = switch(run_module, root, "new", _ansible_check_mode=True)
+    assert checked["pruned"] == partials and all(os.path.isdir(path) for path in partials)
+    result = switch(run_module, root, "new")
+    assert result["published"] is True and result["pruned"] == partials
+    assert sorted(p.name for p in (root / "releases").iterdir()) == ["aaa", "new"]
+    # Where the link does not move, nothing is pruned: a staged copy of a transfer under way stays.
+    stage(root, "next")
+    again = switch(run_module, root, "new")
+    assert again["changed"] is False and again["pruned"] == []
+    assert (root / "releases" / "next.partial").is_dir()

@@ -15,7 +15,8 @@ SIZE = 150 * 1024
 SLOW = "--bwlimit=150"
 
 
-def transfer(tmp_path, *args):
+def play(tmp_path, options, *args):
+    """release_transfer of FILES shards of SIZE into dest/, with these options; the run, source and dest."""
     source, dest = tmp_path / "source", tmp_path / "dest"
     source.mkdir(exist_ok=True)
     for i in range(FILES):
@@ -33,10 +34,15 @@ def transfer(tmp_path, *args):
             "total_bytes": FILES * SIZE,
             "progress_interval": 1,
             "rsync_opts": [SLOW],
+            **options,
         }
     }
     playbook.write_text(json.dumps([{"hosts": "box", "gather_facts": False, "tasks": [task]}]))
-    run = run_playbook(playbook, *args, inventory=inventory)
+    return run_playbook(playbook, *args, inventory=inventory), source, dest
+
+
+def transfer(tmp_path, *args, **options):
+    run, source, dest = play(tmp_path, options, *args)
     assert run.ok, str(run)
     return run.one(host="box", action="release_transfer").result, source, dest
 
@@ -61,3 +67,28 @@ def test_a_dry_run_counts_and_writes_nothing(tmp_path, args):
     result, _, dest = transfer(tmp_path, *args)
     assert [entry["files"] for entry in result["progress"]] == [0] * len(result["progress"]), result
     assert not dest.exists() or not any(dest.iterdir())
+
+
+def test_a_linked_shard_is_sent_as_the_file_it_points_at(tmp_path):
+    """copy_links (roles/release_sync sets it) passes through to rsync: a Hugging Face snapshot's link into
+    its blobs/ arrives as a regular file, as the controller's manifest described it."""
+    blob = tmp_path / "blobs" / "0a1b2c"
+    blob.parent.mkdir()
+    blob.write_bytes(os.urandom(SIZE))
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "linked.safetensors").symlink_to("../blobs/0a1b2c")
+    result, _, dest = transfer(tmp_path, copy_links=True, rsync_opts=[])
+    assert "--copy-links" in result["cmd"], result
+    shipped = dest / "linked.safetensors"
+    assert not shipped.is_symlink() and shipped.read_bytes() == blob.read_bytes()
+
+
+@pytest.mark.parametrize("interval", [0, -5, "0.5"])
+def test_an_interval_under_a_second_fails_before_any_transfer(tmp_path, interval):
+    """The reporter waits interval seconds between lines: at 0 or below it would spin through the whole
+    transfer."""
+    run, _, dest = play(tmp_path, {"progress_interval": interval, "rsync_opts": []})
+    assert not run.ok
+    said = f"release_transfer: progress_interval={interval} is not a number of seconds of at least 1"
+    assert run.failures("box") == [said], str(run)
+    assert not dest.exists()

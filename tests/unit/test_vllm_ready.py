@@ -6,6 +6,7 @@ import argparse
 import http.server
 import importlib.util
 import json
+import os
 import subprocess
 import threading
 import time
@@ -194,17 +195,32 @@ def test_a_failed_start_is_kept_to_its_exit_and_an_abandoned_one_marked(box):
     assert [load["outcome"] for load in loads.read()] == ["unfinished", "failed"]
 
 
+@pytest.fixture
+def journal_says(monkeypatch):
+    """systemd's journal as first_restarted reads it: the start whose crash was restart 1, and who asked."""
+    asked = []
+
+    def first_restarted(unit):
+        asked.append(unit)
+        return asked_for[0]
+
+    asked_for = ["a1"]
+    monkeypatch.setattr(vllm_ready, "first_restarted", first_restarted)
+    return asked_for, asked
+
+
 @pytest.mark.parametrize(
     "after",
     [
         # systemd's automatic restart runs under a new invocation, started 2 s ago;
-        {"InvocationID": "r2", "ExecMainStartTimestampMonotonic": "restarted"},
-        # or the unit failed, and systemd shows no invocation for it.
-        {"InvocationID": "", "ActiveState": "failed"},
+        {"InvocationID": "r2", "NRestarts": "1", "ExecMainStartTimestampMonotonic": "restarted"},
+        # or, restarted until its start limit, the unit failed, showing its last attempt's invocation.
+        {"InvocationID": "r3", "NRestarts": "3", "ActiveState": "failed", "SubState": "failed"},
     ],
 )
-def test_a_crash_fails_the_start_that_was_watched(box, after):
+def test_a_crash_fails_the_start_that_was_watched(box, journal_says, after):
     _, state, loads = box
+    _, asked = journal_says
     loads.observe(state, "loading")
     crashed = dict(state, **after)
     if after.get("ExecMainStartTimestampMonotonic") == "restarted":
@@ -213,6 +229,81 @@ def test_a_crash_fails_the_start_that_was_watched(box, after):
     assert (failed["invocation"], failed["outcome"]) == ("a1", "failed")
     assert 40 <= failed["seconds"] < 45
     assert [load["invocation"] for load in loads.read()] == ["a1"]
+    assert asked == ["vllm"]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        # The unit's last explicit start crashed before any check saw it loading: it is timed from its own
+        # start, to its process's exit 10 s later.
+        {"InvocationID": "b1", "NRestarts": "0", "ActiveState": "failed", "SubState": "failed"},
+        # systemd restarted it since (its crash was restart 1, as the journal says), and the restart has no
+        # process yet: nothing honest to time from.
+        {
+            "InvocationID": "r1",
+            "NRestarts": "1",
+            "SubState": "start-pre",
+            "ExecMainStartTimestampMonotonic": "0",
+        },
+    ],
+)
+def test_a_start_left_loading_by_a_killed_run_is_not_blamed_for_a_later_crash(box, journal_says, after):
+    """A run killed while it watched a start left it loading; later the unit was started again and crashed
+    before any check saw it loading. The crash is not the stale start's (no failed load of 2,400 s): that
+    start ended unwatched, and is marked unfinished."""
+    _, state, loads = box
+    asked_for, asked = journal_says
+    asked_for[0] = "b1"
+    stale_us = max(1, int(state["ExecMainStartTimestampMonotonic"]) - 2_400_000_000)
+    loads.observe(dict(state, InvocationID="old", ExecMainStartTimestampMonotonic=str(stale_us)), "loading")
+    crashed = dict(state, **after)
+    crashed["ExecMainExitTimestampMonotonic"] = str(
+        int(state["ExecMainStartTimestampMonotonic"]) + 10_000_000
+    )
+    failed = loads.observe(crashed, "failed", "vllm crashed (failed/failed, 0 automatic restarts)")
+    kept = {load["invocation"]: (load["outcome"], load["seconds"]) for load in loads.read()}
+    if after["NRestarts"] == "0":
+        assert (failed["invocation"], failed["outcome"], failed["seconds"]) == ("b1", "failed", 10.0)
+        assert kept == {"old": ("unfinished", None), "b1": ("failed", 10.0)}
+        assert asked == []  # not restarted: the current start is the last explicit one
+    else:
+        assert failed is None
+        assert kept == {"old": ("unfinished", None)}
+        assert asked == ["vllm"]
+
+
+def test_the_last_explicit_start_is_the_one_whose_crash_was_restart_1(monkeypatch):
+    """Read from this boot's journal: systemd logs each automatic restart with its count and the
+    invocation that crashed, and an explicit start sets the count back to 1."""
+    calls = []
+    said = {"out": ""}
+
+    def run(argv, **_):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=said["out"], stderr="")
+
+    monkeypatch.setattr(vllm_ready.subprocess, "run", run)
+    assert vllm_ready.first_restarted("vllm-trial") == ""  # no restart in this boot
+    said["out"] = (
+        json.dumps(
+            {
+                "MESSAGE_ID": "5eb03494b6584870a536b337290809b3",
+                "INVOCATION_ID": "1b8ea1f8f0b3401999a57260a40c3e28",
+                "N_RESTARTS": "1",
+                "UNIT": "vllm.service",
+                "MESSAGE": "vllm.service: Scheduled restart job, restart counter is at 1.",
+            }
+        )
+        + "\n"
+    )
+    assert vllm_ready.first_restarted("vllm.service") == "1b8ea1f8f0b3401999a57260a40c3e28"
+    assert calls[0][-3:] == [
+        "MESSAGE_ID=5eb03494b6584870a536b337290809b3",
+        "UNIT=vllm-trial.service",
+        "N_RESTARTS=1",
+    ]
+    assert calls[1][-2] == "UNIT=vllm.service" and "--boot" in calls[1] and "--lines=1" in calls[1]
 
 
 def test_the_box_keeps_its_latest_starts_and_exports_last_against_best(box, tmp_path):
@@ -278,3 +369,25 @@ def test_keeping_a_load_never_fails_the_check(tmp_path, monkeypatch, capsys):
     said = capsys.readouterr()
     assert json.loads(said.out) == {"completion": " Paris", "load": None}
     assert said.err.startswith("the load was not kept: "), said.err
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_the_loads_are_world_readable_whatever_the_umask(box, earlier):
+    """nginx's workers (www-data) read loads.prom for the proxy's /specfleet/loads: under umask 027 a
+    directory made 0755 less the umask is 0750, and they are refused (403). So for the directories the
+    check makes (the loads' and a missing parent, as /var/lib/specfleet on a new box), and for a loads
+    directory an earlier version left 0750."""
+    root, state, _ = box
+    loads = vllm_ready.Loads(str(root / "lib" / "loads"), 3, "vllm")
+    if earlier:
+        (root / "lib" / "loads").mkdir(parents=True)
+        (root / "lib").chmod(0o755)
+        (root / "lib" / "loads").chmod(0o750)
+    umask = os.umask(0o027)
+    try:
+        loads.observe(state, "loading")
+    finally:
+        os.umask(umask)
+    made = [root / "lib", root / "lib" / "loads", *(root / "lib" / "loads").iterdir()]
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in made}
+    assert modes == {"lib": "0o755", "loads": "0o755", "loads.json": "0o644", "loads.prom": "0o644"}

@@ -13,7 +13,10 @@ With --loads-dir, every start this check sees loading is timed, from systemd's s
 process to its first real completion (or to its failure), and kept there in loads.json with what was
 started (vLLM release, model and drafter as their links resolve, k), trial units' starts too; the latest
 --keep are kept, and loads.prom has them in Prometheus's text format. A start already serving when first
-seen (a restart nobody watched) has no time to give and is not kept.
+seen (a restart nobody watched) has no time to give and is not kept. A crash is laid to the start seen
+loading only where it is the unit's last explicit start (systemd's journal names it where systemd restarted
+the unit since); one left loading by a run killed before is marked unfinished, and a crashed start never
+seen loading is timed only from its own start.
 """
 
 import argparse
@@ -67,6 +70,9 @@ UNIT_PROPERTIES = (
     "ActiveState,SubState,NRestarts,InvocationID,ExecStart,ExecMainStartTimestampMonotonic,"
     "ExecMainExitTimestampMonotonic"
 )
+# systemd's "Scheduled restart job, restart counter is at N." (SD_MESSAGE_UNIT_RESTART_SCHEDULED), logged with
+# N_RESTARTS and the invocation of the start that crashed.
+RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
 
 
 def unit_state(unit):
@@ -77,6 +83,24 @@ def unit_state(unit):
         check=True,
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def first_restarted(unit):
+    """The invocation of the unit's last explicit start where systemd restarted the unit automatically since:
+    the start whose crash made this boot's latest restart 1 (an explicit start sets the counter back);
+    '' where the journal does not say. Its InactiveExitTimestamp cannot tell: an automatic restart passes
+    through failed too, and moves it."""
+    name = unit if unit.endswith(".service") else f"{unit}.service"
+    try:
+        out = subprocess.run(
+            ["journalctl", "--boot", "--output=json", "--lines=1", "--no-pager"]
+            + [f"MESSAGE_ID={RESTART_SCHEDULED}", f"UNIT={name}", "N_RESTARTS=1"],
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        return json.loads(out[-1]).get("INVOCATION_ID") or ""
+    except (OSError, IndexError, ValueError, AttributeError):
+        return ""
 
 
 def healthy(url):
@@ -154,6 +178,7 @@ def _boot_id():
 
 
 def _monotonic_us(state, name):
+    """A number systemd shows (a monotonic time, a count); 0 where it shows none."""
     value = state.get(name, "0")
     return int(value) if value.isdigit() else 0
 
@@ -181,18 +206,29 @@ class Loads:
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         loads = self.read()
         entry = next((load for load in loads if invocation and load["invocation"] == invocation), None)
+        stale = []
         if entry is None and outcome == "failed":
-            # The crashed start is the watched one whether systemd restarted it under a new invocation or
-            # left the unit failed with none.
-            entry = next(
-                (
-                    load
-                    for load in reversed(loads)
-                    if load["unit"] == self.unit and load["outcome"] == "loading" and load.get("boot") == boot
-                ),
-                None,
-            )
+            # A start seen loading is an explicit one (the check fails once systemd restarted the unit), and
+            # the crash is its own only where it is still the unit's last explicit start: the current one,
+            # or, where systemd restarted the unit since (under new invocations), the one the journal names.
+            # One left loading by a run killed while it watched was an earlier start's, which ended
+            # unwatched: it is not blamed for this crash.
+            last = first_restarted(self.unit) if _monotonic_us(state, "NRestarts") else invocation
+            watched = [
+                load
+                for load in loads
+                if last
+                and load["unit"] == self.unit
+                and load["outcome"] == "loading"
+                and load.get("boot") == boot
+            ]
+            entry = next((load for load in watched if load["invocation"] == last), None)
+            stale = [load for load in watched if load is not entry]
+            for load in stale:
+                load["outcome"] = "unfinished"
         if entry is None and (outcome == "served" or not invocation or not started_us):
+            if stale:
+                self.write(loads[-self.keep :])
             return None  # a start first seen serving, or no start to time
         if entry is not None and (entry["outcome"] != "loading" or outcome == "loading"):
             return None  # settled already, or seen loading before: nothing new
@@ -232,9 +268,18 @@ class Loads:
 
 def _replace(path, text):
     """Written beside and renamed: a reader (nginx, Prometheus) never sees half a file. World-readable:
-    nginx serves the metrics, and neither holds a secret."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    handle, staged = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
+    nginx serves the metrics, and neither holds a secret. The mode of the directories made here (and of
+    the file's own, which an earlier version may have left narrower) is set, not asked of makedirs: the
+    umask narrows that (0750 under umask 027, and nginx's workers are refused)."""
+    directory = os.path.dirname(path)
+    made, parent = [directory], os.path.dirname(directory)  # its own, and each parent makedirs makes
+    while parent and not os.path.isdir(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    os.makedirs(directory, exist_ok=True)
+    for each in made:
+        os.chmod(each, 0o755)
+    handle, staged = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path))
     with os.fdopen(handle, "w", encoding="utf-8") as out:
         out.write(text)
     os.chmod(staged, 0o644)
