@@ -9,6 +9,8 @@ import urllib.request
 
 hostvars = json.load(sys.stdin)
 port = hostvars.get("vllm_service_port", 8000)
+# The first of the keys the proxy accepts (the new one while keys rotate).
+key = (hostvars.get("vllm_service_api_keys") or [hostvars.get("vllm_service_api_key", "")])[0]
 url = f"http://127.0.0.1:{port}"
 request = urllib.request.Request(
     f"{url}/v1/chat/completions",
@@ -22,7 +24,7 @@ request = urllib.request.Request(
     ).encode(),
     headers={
         "Content-Type": "application/json",
-        "Authorization": f"Bearer {hostvars.get('vllm_service_api_key', '')}",
+        "Authorization": f"Bearer {key}",
     },
 )
 with urllib.request.urlopen(request, timeout=120) as response:
