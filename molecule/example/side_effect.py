@@ -11,7 +11,7 @@ import yaml
 from driver import ROOT, podman
 from gpu_topology import PCIE_TUNED_NCCL_ENV
 from nginx_proxy import certificate_authority
-from prometheus_box import CA_FILE, PrometheusBox
+from prometheus_box import CA_FILE, TARGETS_FILE, PrometheusBox
 from promtool_rules import MINUTES, PROMTOOL, alert, counters, promtool_test, without_annotations
 
 PROFILE = ROOT / "inventory/example"
@@ -182,10 +182,12 @@ def tls_from_the_inventory_scraped_over_it(scenario):
     settings = {"monitoring_targets": [host], "monitoring_tls_ca_file": CA_FILE}
     with PrometheusBox(f"{box.container}-prometheus", ca=ca) as prometheus:
         inventory = prometheus.inventory(scenario.workdir / "prometheus.json", settings, {host: address})
+        # In the inventory, as an operator sets them: every play reads them (the scrape targets' scheme too).
+        hosts = json.loads(inventory.read_text())
+        hosts["all"]["hosts"][host].update(tls)
+        inventory.write_text(json.dumps(hosts))
         loads = box.out("cat /var/lib/specfleet/loads/loads.json")
-        on = scenario.play(
-            "deploy.yml", "--tags", "vllm_proxy", "--limit", host, extra_vars=tls, inventory=inventory
-        )
+        on = scenario.play("deploy.yml", "--tags", "vllm_proxy", "--limit", host, inventory=inventory)
         assert on.ok, str(on)
         assert {r.role for r in on.changed_results(host=host)} == {"vllm_proxy", "transaction"}, str(on)
         clients = on.one(host=host, role="vllm_proxy", file="vllm_proxy/tasks/ready.yml", action="script")
@@ -210,12 +212,13 @@ def tls_from_the_inventory_scraped_over_it(scenario):
                 "--limit",
                 host,
                 *args,
-                extra_vars=tls,
                 inventory=inventory,
             )
             assert again.ok and again.changed(host) == 0, str(again)
         monitored = scenario.play("playbooks/monitoring.yml", inventory=inventory)
         assert monitored.ok, str(monitored)
+        targets = yaml.safe_load(prometheus.out(f"cat {TARGETS_FILE}"))
+        assert {t["labels"].get("__scheme__") for t in targets} == {"https"}, targets
         for metrics in ('metrics!="loads"', 'metrics="loads"'):
             up = f'up{{job="specfleet-vllm", host="{host}", {metrics}}} == 1'
             prometheus.wait(lambda up=up: prometheus.query(up), f"{host} scraped over https ({metrics})", 60)

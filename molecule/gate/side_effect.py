@@ -133,11 +133,16 @@ def monitoring_installs(scenario, prometheus):
     assert again.ok and again.changed() == 0, str(again)
     check = scenario.play("playbooks/monitoring.yml", "--check", inventory=inventory)
     assert check.ok and check.changed() == 0, str(check)
-    # The box's proxy lets the new Prometheus read /metrics: its site changes, nginx reloads, nothing else.
+    # The box's proxy lets the new Prometheus read /metrics: its site changes, nginx reloads and the record
+    # takes the site, nothing else.
     opened = scenario.play("deploy.yml", "--tags", "vllm_proxy", inventory=inventory)
     assert opened.ok, str(opened)
     changed = [(r.role, r.action.rsplit(".", 1)[-1]) for r in opened.changed_results(host=host)]
-    assert changed == [("vllm_proxy", "template"), ("vllm_proxy", "systemd_service")], changed
+    assert changed == [
+        ("vllm_proxy", "template"),
+        ("vllm_proxy", "systemd_service"),
+        ("transaction", "last_good"),  # the record's site, merged
+    ], changed
     up = f'up{{job="specfleet-vllm", host="{host}", instance="{address}:8000"}} == 1'
     prometheus.wait(lambda: prometheus.query(up), f"{host} scraped", 60)
     # The box's timed loads, through the same proxy: its last start's seconds, as the box keeps them.

@@ -151,7 +151,7 @@ def assert_stopped_untouched(run, box, reason):
                 '["10.0.0.0/8", "prom.example", "cafe", "10.0.0.0/33", ":::"]}',
             ],
             "vllm_service_metrics_sources holds what is not an address or a network (CIDR), which the "
-            "proxy's allow-list takes: prom.example, cafe, 10.0.0.0/33, :::",
+            "allow-list of the proxy takes: prom.example, cafe, 10.0.0.0/33, :::",
         ),
         (
             ["-e", "vllm_proxy_timeout_s=0"],

@@ -1,5 +1,5 @@
-"""The clients' path through the proxy, checked from the box as a client comes: the box's copy of
-roles/vllm_proxy's tasks/ready.yml.
+"""The clients' path through the proxy, checked from the box as a client comes (roles/vllm_proxy's
+tasks/ready.yml runs it there).
 
 Everything is read from the site on disk (its listen address, TLS certificate, first API key and
 revision), so a site a restore put back is checked as it was recorded:
