@@ -224,6 +224,37 @@ def tls_from_the_inventory_scraped_over_it(scenario):
             prometheus.wait(lambda up=up: prometheus.query(up), f"{host} scraped over https ({metrics})", 60)
 
 
+RECORD = "/var/lib/specfleet/last_good"
+
+
+def a_bad_box_stops_the_fleet_before_any_change(scenario):
+    """A typo in the second box's host_vars: shipping a drafter to the fleet ends with that box's one line,
+    and no box changed, the first included (its drafter link, unit and record as before)."""
+    host, bad = PCIE_BOXES
+    typo = scenario.profile_inventory / "host_vars" / bad / "typo.yml"  # read last, after the profile's
+    typo.write_text("vllm_service_port: 99999\n")
+    state = f"readlink {DRAFTERS}/current; cat {UNIT}; cat {RECORD}/record.json"
+    before = {name: box.out(state) for name, box in scenario.boxes.items()}
+    try:
+        run = scenario.play(
+            "deploy.yml",
+            "--tags",
+            "eagle3",
+            "-e",
+            f"eagle3_drafter_source={ROOT / 'build/sim-models/eagle3-known-3.0'}",
+        )
+    finally:
+        typo.unlink()
+    assert not run.ok, str(run)
+    assert set(run.failures(bad)) == {"vllm_service_port=99999 is not a TCP port (1-65535)"}, str(run)
+    assert run.failures(host) == [
+        f"not deployed: nothing changes on any box while 1 of 3 boxes fail their inventory checks ({bad})"
+    ], str(run)
+    assert {r.role for r in run.results} == {"validate_inventory"}, str(run)
+    assert not any(run.touched(name) for name in scenario.boxes), str(run)
+    assert {name: box.out(state) for name, box in scenario.boxes.items()} == before
+
+
 def side_effect(scenario):
     assert set(scenario.boxes) == {*PCIE_BOXES, NVLINK_BOX}, scenario.boxes
     each_box_serves_the_shipped_drafter(scenario)
@@ -231,3 +262,4 @@ def side_effect(scenario):
     speculation_off_is_armed_for_every_box(scenario)
     the_tuners_k_is_served(scenario)
     tls_from_the_inventory_scraped_over_it(scenario)
+    a_bad_box_stops_the_fleet_before_any_change(scenario)

@@ -1,0 +1,98 @@
+"""Every targeted box's inventory values are checked before any box changes (playbooks/common/box.yml's first
+play, roles/validate_inventory): a bad value on any box fails every box, each bad box with its one line and
+the others naming them, and no later play runs. The boxes here listen nowhere: a run that got past the
+checks would find them unreachable."""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from driver import ROOT, run_playbook
+
+# A loopback port nothing listens on: connecting to it is refused at once.
+with socket.socket() as _probe:
+    _probe.bind(("127.0.0.1", 0))
+    CLOSED = _probe.getsockname()[1]
+NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": CLOSED, "ansible_user": "nobody"}
+BAD = {
+    "box-b": ({"vllm_service_port": 99999}, "vllm_service_port=99999 is not a TCP port (1-65535)"),
+    "box-c": (
+        {"vllm_proxy_timeout_s": 0},
+        "vllm_proxy_timeout_s=0 is not a number of seconds of at least 1: every request through the proxy "
+        "would time out",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fleet") / "fleet.json"
+    hosts = {"box-a": NOWHERE, **{host: {**NOWHERE, **values} for host, (values, _) in BAD.items()}}
+    group = {
+        "hosts": hosts,
+        "vars": {"vllm_service_model_path": "/srv/models/m", "vllm_service_api_key": "sk-1"},
+    }
+    path.write_text(json.dumps({"all": {"children": {"gpu_boxes": group}}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "workflow", [("deploy.yml",), ("deploy.yml", "--tags", "eagle3"), ("playbooks/ship_drafter.yml",)]
+)
+def test_a_bad_box_stops_every_box_before_any_is_contacted(fleet, workflow):
+    playbook, *args = workflow
+    run = run_playbook(playbook, *args, "--limit", "box-a,box-b,box-c", inventory=fleet)
+    assert not run.ok, str(run)
+    for host, (_, line) in BAD.items():
+        assert set(run.failures(host)) == {line}, str(run)
+    assert run.failures("box-a") == [
+        "not deployed: nothing changes on any box while 2 of 3 boxes fail their inventory checks "
+        "(box-b, box-c)"
+    ], str(run)
+    # Only the checks ran: no box was contacted, and no later play (the transaction, monitoring, the summary).
+    assert {r.role for r in run.results} == {"validate_inventory"}, str(run)
+    assert all(r.status != "unreachable" for r in run.results), str(run)
+
+
+def test_limit_narrows_the_checks(fleet):
+    """--limit box-a: box-b's and box-c's values are not this run's; box-a passes its checks and its
+    transaction starts (it finds the box unreachable, nothing run on it)."""
+    run = run_playbook("deploy.yml", "--limit", "box-a", inventory=fleet)
+    assert not run.ok, str(run)
+    [line] = run.failures("box-a")
+    assert line.startswith("box-a is unreachable: ") and line.endswith("; nothing was run on it"), line
+    assert not run.select(host="box-a", role="validate_inventory", status="failed"), str(run)
+    assert run.hosts() == {"box-a"}, str(run)
+
+
+# Each play on the GPU boxes with the roles Ansible loaded for it.
+READ_ROLES = """
+import json, sys
+from ansible.parsing.dataloader import DataLoader
+from ansible.playbook import Playbook
+from ansible.plugins.loader import init_plugin_loader
+from ansible.vars.manager import VariableManager
+
+init_plugin_loader()
+loader = DataLoader()
+playbook = Playbook.load(sys.argv[1], variable_manager=VariableManager(loader=loader), loader=loader)
+print(json.dumps([sorted({role.get_name() for role in play.get_roles()}) for play in playbook.get_plays()]))
+"""
+
+
+def test_the_checks_play_loads_the_roles_of_the_transaction():
+    """The checks' play imports each role of the transaction's play for its defaults and argument spec: a role
+    added to the transaction only would have its values unchecked before the first box changes."""
+    read = subprocess.run(
+        [sys.executable, "-c", READ_ROLES, "playbooks/common/box.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert read.returncode == 0, read.stderr
+    checks, transaction = json.loads(read.stdout.strip().splitlines()[-1])
+    assert checks == transaction, (checks, transaction)
+    assert "validate_inventory" in checks and "vllm_proxy" in checks, checks
