@@ -140,35 +140,14 @@ changes:
   elements: str
 """
 
-import datetime
-import json
 import os
-import shutil
-import tempfile
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.serving_record import copy_of, identity, merged, place, read, write
 from ansible.module_utils.specfleet_files import replace_link
 
-RECORD = "record.json"
 PARTS = ("files", "links", "serving")
-
-
-def file_digest(module, path):
-    return module.sha256(path) if os.path.isfile(path) else None
-
-
-def link_target(path):
-    return os.readlink(path) if os.path.islink(path) else None
-
-
-def identity(module, files, links, serving):
-    """What serves now: file digests, link targets and the serving facts."""
-    return {
-        "files": {name: file_digest(module, path) for name, path in sorted(files.items())},
-        "links": {name: link_target(path) for name, path in sorted(links.items())},
-        "serving": serving,
-    }
 
 
 def differences(record, now, part):
@@ -199,31 +178,9 @@ def public(record):
 
 def read_record(module, directory):
     try:
-        with open(os.path.join(directory, RECORD)) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
+        return read(directory)
     except (OSError, ValueError) as error:
         module.fail_json(msg=f"cannot read the last known good record in {directory}: {error}")
-
-
-def place(module, write, dest, mode):
-    """Write a temporary file with `write(stream)`, then move it into place: a reader never sees half
-    of it. atomic_move keeps an existing file's mode, so the mode is set once it is there."""
-    handle, temporary = tempfile.mkstemp(dir=module.tmpdir)
-    with os.fdopen(handle, "wb") as stream:
-        write(stream)
-    os.chmod(temporary, mode)
-    module.atomic_move(temporary, dest)
-    os.chmod(dest, mode)
-
-
-def copy_of(path):
-    def write(stream):
-        with open(path, "rb") as source:
-            shutil.copyfileobj(source, stream)
-
-    return write
 
 
 def best_of(kept, measured, recorded_at):
@@ -236,36 +193,6 @@ def best_of(kept, measured, recorded_at):
             if value is not None and (entry.get(figure) is None or value > entry[figure]):
                 entry[figure], entry[f"{figure}_at"] = value, recorded_at
     return best
-
-
-def merged(kept, now):
-    """The record with `now`'s files and links over its own, and the rest of it as it is."""
-    return {
-        "files": {**kept["files"], **now["files"]},
-        "links": {**kept["links"], **now["links"]},
-        "serving": kept["serving"],
-    }
-
-
-def record(module, directory, files, now, details, best, modes=None):
-    copies = os.path.join(directory, "files")
-    os.makedirs(copies, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
-    for name, path in files.items():
-        copy = os.path.join(copies, name)
-        if now["files"][name]:
-            place(module, copy_of(path), copy, 0o600)
-        elif os.path.exists(copy):
-            os.remove(copy)
-    modes = {
-        **(modes or {}),
-        **{name: os.stat(path).st_mode & 0o777 for name, path in files.items() if now["files"][name]},
-    }
-    recorded_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
-    kept = dict(now, modes=modes, recorded_at=recorded_at, details=details, best=best(recorded_at))
-    text = json.dumps(kept, indent=1, sort_keys=True).encode()
-    place(module, lambda stream: stream.write(text), os.path.join(directory, RECORD), 0o600)
-    return kept
 
 
 def restore(module, directory, kept, files, links, now):
@@ -283,7 +210,7 @@ def restore(module, directory, kept, files, links, now):
             copy = os.path.join(directory, "files", name)
             if module.sha256(copy) != kept["files"][name]:
                 module.fail_json(msg=f"the last known good copy of {name} ({copy}) does not match its record")
-            place(module, copy_of(copy), path, kept["modes"][name])
+            place(copy_of(copy), path, kept["modes"][name])
         else:
             os.remove(path)
     for name, path in sorted(links.items()):
@@ -322,7 +249,7 @@ def main():
     state, directory = params["state"], params["dir"]
     files, links = params["files"], params["links"]
     kept = read_record(module, directory)
-    now = identity(module, files, links, params["serving"])
+    now = identity(files, links, params["serving"])
     if params["merge"] and kept:
         now = merged(kept, now)
     changes = [line for part in PARTS for line in differences(kept, now, part)] if kept else []
@@ -335,7 +262,7 @@ def main():
             merge = params["merge"]
             details, modes = (kept["details"], kept.get("modes")) if merge else (params["details"], None)
             best = partial(best_of, kept, {} if merge else params["measured"])
-            kept = record(module, directory, files, now, details, best, modes)
+            kept = write(directory, files, now, details, best, modes)
             result["ansible_facts"]["last_good"] = public(kept)
     elif state == "restored":
         result["restored"] = restore(module, directory, kept, files, links, now) if kept else []

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 
-from ansible.module_utils.specfleet_files import make_dirs
+from .specfleet_files import make_dirs
 
 __all__ = ["LOCK_OPTIONS", "hold", "release"]
 

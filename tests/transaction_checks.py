@@ -8,11 +8,12 @@ UNIT = "/etc/systemd/system/vllm.service"
 RECORD = "/var/lib/specfleet/last_good"
 
 
-def assert_restored(run: Run, box, host: str, changed: list[str]) -> str:
+def assert_restored(run: Run, box, host: str, changed: list[str], speculation_off: bool = False) -> str:
     """The run failed on `host`, put back exactly `changed` from the last known good, restarted on it
     and saw a real completion after that restart, then one through the proxy; the unit and the proxy's site
-    on disk are the recorded ones; the host failed with one line saying so, and the second box was never
-    reached. Returns that line."""
+    on disk are the recorded ones; the host failed with one line saying so (`speculation_off`: that it
+    serves without speculation, as the record says), and the second box was never reached. Returns that
+    line."""
     assert not run.ok, str(run)
     restore = run.one(host=host, action="last_good", **ROLLBACK)
     assert restore.changed and restore.result["restored"] == changed, str(run)
@@ -34,6 +35,7 @@ def assert_restored(run: Run, box, host: str, changed: list[str]) -> str:
     box.sh(f"cmp /etc/nginx/conf.d/specfleet-vllm.conf {RECORD}/files/proxy")
     line = run.failures(host)[-1]
     assert "\n" not in line, line
-    assert line.endswith(", which serves and answered a completion, through the proxy too"), line
+    serves = " without speculation (the spec watcher's fallback, as recorded)" if speculation_off else ""
+    assert line.endswith(f", which serves{serves} and answered a completion, through the proxy too"), line
     assert not run.touched(SECOND_BOX), str(run)
     return line

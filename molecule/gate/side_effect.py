@@ -20,7 +20,7 @@ from nginx_proxy import PROBES
 from prometheus_box import PrometheusBox
 from sim_box_client import API_KEY, GROUP_VARS, gated, theory
 from tokenizers import Tokenizer
-from transaction_checks import assert_restored
+from transaction_checks import RECORD, assert_restored
 
 MODELS = ROOT / "build/sim-models"
 SMOKE = "speculation_gate"
@@ -477,6 +477,7 @@ WATCH = [
     *("-e", "spec_watch_windows=2", "-e", "spec_watch_min_drafts=20"),
 ]
 WATCH_ACCOUNT = "/var/lib/specfleet/last_good/spec_watch.json"
+DROPIN = "/etc/systemd/system/vllm.service.d/50-spec-watch.conf"
 
 
 def watch_lines(box):
@@ -550,11 +551,29 @@ def watcher_turns_speculation_off(scenario):
     assert said.endswith("it stays until a deploy ships another drafter, or -e spec_watch_clear=true"), said
     assert not again.changed_results(host=host, role="vllm_service", action="systemd_service"), str(again)
     assert not again.ran(host=host, role="gate", action=SMOKE), str(again)
-    assert box.exists("/etc/systemd/system/vllm.service.d/50-spec-watch.conf")
+    assert box.exists(DROPIN)
     assert "spec_decode_num_drafts_total" not in box.out(
         'python3 -c "import urllib.request as u; '
         "print(u.urlopen('http://127.0.0.1:8000/metrics').read().decode())\""
     )
+
+    # The watcher wrote its fallback into the record, under the lock: a drafter shipped next ends the
+    # fallback and fails its gate (3.0, 10% under the best), and the rollback puts back what served,
+    # speculation off included.
+    record = json.loads(box.out(f"cat {RECORD}/record.json"))
+    assert record["files"]["speculation_off"] and record["files"]["spec_watch"], record
+    box.sh(f"cmp {DROPIN} {RECORD}/files/speculation_off")
+    good = box.out("readlink /srv/drafters/current").strip()
+    failed = ship(scenario, "eagle3-known-3.0", *WATCH)
+    ended = failed.changed_results(host=host, role="spec_watch", file="spec_watch/tasks/main.yml")
+    assert ended, str(failed)
+    put_back = ["spec_watch file", "speculation_off file", f"drafter link -> {good}"]
+    line = assert_restored(failed, box, host, put_back, speculation_off=True)
+    assert line.startswith(f"gate failed on {host}: mean_acceptance_length 2.85 "), line
+    box.sh(f"cmp {DROPIN} {RECORD}/files/speculation_off")
+    assert json.loads(box.out(f"cat {WATCH_ACCOUNT}")) == account
+    command = box.out("tr '\\0' ' ' < /proc/$(systemctl show vllm --property=MainPID --value)/cmdline")
+    assert "--speculative-config" not in command, command
 
     # A deploy that changes the server's start while the fallback stands: the watcher's drop-in follows the
     # unit (it does not freeze the old command), and the server runs the new arguments, still not drafting.

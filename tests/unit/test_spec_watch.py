@@ -1,22 +1,28 @@
 """The live fallback's watcher (roles/spec_watch/files/spec_watch.py), one timer run at a time, against a
 real HTTP server exposing vLLM's counters as vLLM does: windows count only with enough drafts, a floor is
 the gate's at the k drafted, it acts once after N windows in a row under it (speculation off when the
-last known good is what serves, else that drafter back), never while a deploy holds the lock, and says
-so in its account, its line and its textfile metric. The gate scenario runs it on a real box."""
+last known good is what serves, else that drafter back) holding the box's lock, records what it changed
+into the box's record, never acts while a deploy holds the lock, and says so in its account, its line and
+its textfile metric. The gate scenario runs it on a real box."""
 
+import hashlib
 import http.server
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "module_utils"))
+# As roles/spec_watch installs them: the repo's module_utils beside the script, as the package it imports.
+_BESIDE = Path(tempfile.mkdtemp(prefix="spec-watch-"))
+(_BESIDE / "specfleet_utils").symlink_to(ROOT / "module_utils")
+sys.path.insert(0, str(_BESIDE))
 _SPEC = importlib.util.spec_from_file_location("spec_watch", ROOT / "roles/spec_watch/files/spec_watch.py")
 spec_watch = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(spec_watch)
@@ -77,8 +83,19 @@ def box(tmp_path):
         (drafters / "releases" / release).mkdir(parents=True)
     os.symlink(drafters / "releases" / "good", drafters / "current")
     (tmp_path / "record").mkdir()
+    # The record as roles/transaction's commit left it: no fallback.
     (tmp_path / "record" / "record.json").write_text(
-        json.dumps({"links": {"drafter": str(drafters / "releases/good")}})
+        json.dumps(
+            {
+                "files": {"unit": "0" * 64, "speculation_off": None, "spec_watch": None},
+                "links": {"drafter": str(drafters / "releases/good")},
+                "serving": {"eagle3_patch": "not_needed"},
+                "details": {"gate": {"mean_acceptance_length": 3.4}},
+                "modes": {"unit": 0o644},
+                "best": {"chat@3": {"mean_acceptance_length": 3.4}},
+                "recorded_at": "2026-12-01T00:00:00+00:00",
+            }
+        )
     )
     (tmp_path / "textfile").mkdir()
     unit = tmp_path / "vllm.service"
@@ -90,7 +107,12 @@ def box(tmp_path):
         "windows": 2,
         "min_drafts": 100,
         "lock_file": str(tmp_path / "deploy.lock"),
-        "record_file": str(tmp_path / "record/record.json"),
+        "lock_stale_s": 21600,
+        "record_dir": str(tmp_path / "record"),
+        "record_files": {
+            "speculation_off": str(tmp_path / "vllm.service.d/50-spec-watch.conf"),
+            "spec_watch": str(tmp_path / "record/spec_watch.json"),
+        },
         "action_file": str(tmp_path / "record/spec_watch.json"),
         "state_file": str(tmp_path / "state/state.json"),
         "drafter_link": str(drafters / "current"),
@@ -145,10 +167,44 @@ def test_it_turns_speculation_off_after_n_windows_under_the_floor_when_the_last_
         ["systemctl", "restart", "--no-block", "vllm"],
     ]
     assert 'specfleet_spec_watch_acted{action="speculation_off"} 1' in metric(tmp_path)
+    assert_recorded(config, tmp_path)
     # Once: from here on it only says what it did, until a deploy ends it.
     server.add(300, 3, 1.45)
     assert tick().startswith("spec watch: speculation_off since ")
     assert len(calls) == 3
+
+
+def assert_recorded(config, tmp_path):
+    """The fallback is in the box's record (digests and root-only copies), the rest of it as the commit
+    left it; the lock it held while acting is released."""
+    record = json.loads((tmp_path / "record/record.json").read_text())
+    for name, path in config["record_files"].items():
+        content = Path(path).read_bytes()
+        assert record["files"][name] == hashlib.sha256(content).hexdigest(), (name, record)
+        copy = tmp_path / "record/files" / name
+        assert copy.read_bytes() == content and oct(copy.stat().st_mode & 0o777) == "0o600", name
+    assert record["files"]["unit"] == "0" * 64, record
+    assert record["links"] == {"drafter": str(tmp_path / "drafters/releases/good")}, record
+    assert record["details"] == {"gate": {"mean_acceptance_length": 3.4}}, record
+    assert record["best"] == {"chat@3": {"mean_acceptance_length": 3.4}}, record
+    assert not Path(config["lock_file"]).exists()
+
+
+def test_it_acts_holding_the_box_s_lock(box, monkeypatch):
+    """While it changes what serves and writes the record, the box's lock is the watcher's: a deploy that
+    starts then is refused, as by another deploy."""
+    server, config, tick, calls, tmp_path = box
+    held = []
+    merge = spec_watch.serving_record.merge_files
+
+    def watched(directory, files):
+        held.append(json.loads(Path(config["lock_file"]).read_text())["holder"])
+        return merge(directory, files)
+
+    monkeypatch.setattr(spec_watch.serving_record, "merge_files", watched)
+    spec_watch.act(config, "a test", run=lambda command, check: calls.append(command))
+    assert held == [f"spec watch (pid {os.getpid()})"], held
+    assert_recorded(config, tmp_path)
 
 
 def test_it_puts_the_last_known_good_drafter_back_when_another_serves(box):
@@ -168,6 +224,8 @@ def test_it_puts_the_last_known_good_drafter_back_when_another_serves(box):
         str(tmp_path / "drafters/releases/bad"),
         str(tmp_path / "drafters/releases/good"),
     )
+    record = json.loads((tmp_path / "record/record.json").read_text())
+    assert record["files"]["speculation_off"] is None and record["files"]["spec_watch"], record
 
 
 def test_the_floor_follows_the_k_drafted_and_a_good_window_starts_the_count_again(box):
@@ -192,6 +250,7 @@ def test_never_while_a_deploy_holds_the_box_and_a_restart_starts_the_count_again
     Path(config["lock_file"]).write_text("{}")
     server.add(200, 3, 1.4)
     assert tick() == "spec watch: a deploy holds this box; not watching this window"
+    assert "specfleet_spec_watch_deploy_held 1" in metric(tmp_path)
     Path(config["lock_file"]).unlink()
     server.counters = None  # restarted without speculation (a deploy, or by hand): nothing to watch
     assert tick() == "spec watch: the server does not speculate; nothing to watch"
@@ -213,6 +272,8 @@ def test_a_deploy_that_takes_the_box_while_a_window_is_read_keeps_it(box):
     server.text = lambda: (Path(config["lock_file"]).write_text("{}"), text())[1]
     assert tick().endswith("2 of 2 windows under it; a deploy took the box meanwhile, not acting")
     assert calls == [] and not Path(config["action_file"]).exists() and not Path(config["dropin"]).exists()
+    assert Path(config["lock_file"]).read_text() == "{}"  # the deploy's, left as it is
+    assert "specfleet_spec_watch_deploy_held 1" in metric(tmp_path)
 
 
 def test_a_server_it_cannot_read_is_said_in_the_textfile(box):

@@ -4,12 +4,14 @@
 Reads the server's spec-decode counters; a window is the traffic since the last counted one, and counts
 once it holds at least `min_drafts` drafts (a quiet box waits for more traffic). When the mean acceptance
 length of `windows` counted windows in a row lies under the box's gate floor at the k it drafts, it acts
-once: the box's last known good drafter back when another one serves, else speculation off (a drop-in
-that starts the server without --speculative-config). It records why beside the box's record, says so in
-one journal line and in a textfile metric, and never acts while a deploy holds the box's lock. The next
-deploy.yml reports it and keeps it, until a new drafter is shipped or the operator clears it.
+once, holding the box's deploy lock as a deploy does: the box's last known good drafter back when another
+one serves, else speculation off (a drop-in that starts the server without --speculative-config). What
+it changed (the drop-in, its account of why) goes into the box's record, so that a later rollback puts the
+fallback back with the rest of what served; it says so in one journal line and in a textfile metric. While
+a deploy holds the lock it neither counts nor acts, and its textfile says so. The next deploy.yml reports
+the fallback and keeps it, until a new drafter is shipped or the operator clears it.
 
-Standard library only, with the repo's prometheus_text.py and spec_stats.py installed beside it.
+Standard library only, with the repo's module_utils it imports installed beside it (specfleet_utils/).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import prometheus_text  # noqa: E402
-import spec_stats  # noqa: E402
+from specfleet_utils import box_lock, prometheus_text, serving_record, spec_stats  # noqa: E402
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -77,15 +79,33 @@ def floor_at(config, k):
     return spec_stats.floor_at_k(floor, at_k, max(1, round(k)))
 
 
-def textfile(config, state, acted, read=True):
+class Refused(Exception):
+    """Another run holds the box's lock."""
+
+
+class LockCaller:
+    """What box_lock asks of its caller (an Ansible module's fail_json and check mode)."""
+
+    check_mode = False
+
+    @staticmethod
+    def fail_json(msg, **_):
+        raise Refused(msg)
+
+
+def textfile(config, state, acted, read=True, locked=False):
     """The watcher's state for node_exporter's textfile collector; `read`: whether this run read the
-    server's metrics (a watcher that cannot is blind, and says so here for an alert)."""
+    server's metrics (a watcher that cannot is blind, and says so here for an alert); `locked`: whether a
+    deploy held the box, so that this run neither counted nor acted."""
     if not config.get("textfile_dir") or not os.path.isdir(config["textfile_dir"]):
         return
     lines = [
         "# HELP specfleet_spec_watch_metrics_read Whether the watcher's last run read the server's metrics.",
         "# TYPE specfleet_spec_watch_metrics_read gauge",
         f"specfleet_spec_watch_metrics_read {1 if read else 0}",
+        "# HELP specfleet_spec_watch_deploy_held Whether a deploy held the box's lock at the last run.",
+        "# TYPE specfleet_spec_watch_deploy_held gauge",
+        f"specfleet_spec_watch_deploy_held {1 if locked else 0}",
         "# HELP specfleet_spec_watch_below_floor_windows Counted windows in a row under the gate floor.",
         "# TYPE specfleet_spec_watch_below_floor_windows gauge",
         f"specfleet_spec_watch_below_floor_windows {state.get('streak', 0)}",
@@ -115,9 +135,32 @@ def window(state, current):
 
 
 def act(config, reason, run=subprocess.run):
-    """Once: the last known good drafter back when another one serves, else speculation off."""
+    """Once, under the box's lock: the last known good drafter back when another one serves, else
+    speculation off; what it changed recorded into the box's record. Raises Refused while a deploy holds
+    the lock."""
+    token = uuid.uuid4().hex
+    box_lock.hold(
+        LockCaller, config["lock_file"], f"spec watch (pid {os.getpid()})", token, config["lock_stale_s"]
+    )
+    try:
+        acted = fall_back(config, reason)
+        # Into the box's record: a later rollback puts the fallback back with the rest of what served.
+        serving_record.merge_files(config["record_dir"], config["record_files"])
+    finally:
+        box_lock.release(LockCaller, config["lock_file"], token)
+    for command in (
+        ["daemon-reload"],
+        ["reset-failed", config["unit"]],
+        ["restart", "--no-block", config["unit"]],
+    ):
+        run(["systemctl", *command], check=False)
+    return acted
+
+
+def fall_back(config, reason):
+    """The drafter link or the drop-in, and the account of why."""
     current = os.path.realpath(config["drafter_link"])
-    recorded = (read_json(config["record_file"], {}) or {}).get("links", {}).get("drafter")
+    recorded = (serving_record.read(config["record_dir"]) or {}).get("links", {}).get("drafter")
     if recorded and os.path.realpath(recorded) != current and os.path.isdir(recorded):
         staged = config["drafter_link"] + ".spec-watch"
         if os.path.lexists(staged):
@@ -141,12 +184,6 @@ def act(config, reason, run=subprocess.run):
     serving = os.path.realpath(config["drafter_link"])
     acted = {"action": action, "at": now(), "reason": reason, "judged": current, "serving": serving}
     write_json(config["action_file"], acted)
-    for command in (
-        ["daemon-reload"],
-        ["reset-failed", config["unit"]],
-        ["restart", "--no-block", config["unit"]],
-    ):
-        run(["systemctl", *command], check=False)
     return acted
 
 
@@ -158,6 +195,7 @@ def tick(config, run=subprocess.run):
         textfile(config, state, acted)
         return f"spec watch: {acted['action']} since {acted['at']} ({acted['reason']}); waiting for a deploy"
     if os.path.exists(config["lock_file"]):
+        textfile(config, state, None, locked=True)
         return "spec watch: a deploy holds this box; not watching this window"
     try:
         current = counters(config["metrics_url"])
@@ -167,7 +205,7 @@ def tick(config, run=subprocess.run):
     if current is None:
         textfile(config, {}, None)
         return "spec watch: the server does not speculate; nothing to watch"
-    measured = window(state, current)
+    measured, locked = window(state, current), False
     if measured is None:
         state = {"counters": current, "streak": 0}
         line = "spec watch: counting from here (first run, or the server restarted)"
@@ -185,18 +223,20 @@ def tick(config, run=subprocess.run):
             f"floor {floor if floor is None else round(floor, 2)}; "
             f"{state['streak']} of {config['windows']} windows under it"
         )
-        if state["streak"] >= config["windows"] and os.path.exists(config["lock_file"]):
-            # A deploy took the box while this window was read: it decides what serves now.
-            line += "; a deploy took the box meanwhile, not acting"
-        elif state["streak"] >= config["windows"]:
+        if state["streak"] >= config["windows"]:
             reason = (
                 f"mean acceptance length {length:.2f} < floor {floor:.2f} at k={k:.2f} for {state['streak']} "
                 f"windows of at least {config['min_drafts']} drafts"
             )
-            acted = act(config, reason, run)
-            line = f"spec watch: {acted['action']}: {reason}"
+            try:
+                acted = act(config, reason, run)
+                line = f"spec watch: {acted['action']}: {reason}"
+            except Refused:
+                # A deploy took the box while this window was read: it decides what serves now.
+                locked = True
+                line += "; a deploy took the box meanwhile, not acting"
     write_json(config["state_file"], state)
-    textfile(config, state, acted)
+    textfile(config, state, acted, locked=locked)
     return line
 
 
