@@ -4,6 +4,7 @@ the others naming them, and no later play runs. The boxes here listen nowhere: a
 checks would find them unreachable."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -96,3 +97,40 @@ def test_the_checks_play_loads_the_roles_of_the_transaction():
     checks, transaction = json.loads(read.stdout.strip().splitlines()[-1])
     assert checks == transaction, (checks, transaction)
     assert "validate_inventory" in checks and "vllm_proxy" in checks, checks
+
+
+def test_a_release_candidate_comes_before_its_release(fleet):
+    """PEP 440, as vLLM's releases are numbered: 0.24.0rc1 has no batch-size schedule yet (Ansible's default
+    comparison would take it for 0.24.0 or later)."""
+    run = run_playbook(
+        "deploy.yml",
+        "--limit",
+        "box-a",
+        "-e",
+        "vllm_version=0.24.0rc1",
+        "-e",
+        "spec_tune_output=schedule",
+        inventory=fleet,
+    )
+    assert set(run.failures("box-a")) == {
+        "spec_tune_output=schedule needs num_speculative_tokens_per_batch_size, which vLLM has from 0.24.0 "
+        "on, not 0.24.0rc1: use spec_tune_output=single (one k) or auto"
+    }, str(run)
+
+
+def test_every_version_test_compares_by_pep440():
+    """vLLM's versions are PEP 440's: each `is version(...)` in the plays and roles says so."""
+    sources = [
+        ROOT / "deploy.yml",
+        *ROOT.glob("playbooks/**/*.yml"),
+        *ROOT.glob("roles/**/*.yml"),
+        *ROOT.glob("roles/**/*.j2"),
+    ]
+    calls = [
+        (path, call) for path in sources for call in re.findall(r"is version\([^)]*\)", path.read_text())
+    ]
+    assert calls, "no version test found"
+    loose = [
+        f"{path.relative_to(ROOT)}: {call}" for path, call in calls if "version_type='pep440'" not in call
+    ]
+    assert not loose, loose
