@@ -407,11 +407,13 @@ class Scenario:
     @property
     def second_box_inventory(self) -> Path:
         """A second box later in the rollout, never created: a run that fails this scenario's box must
-        stop before reaching it (serial 1, max_fail_percentage 0)."""
+        stop before reaching it (serial 1, max_fail_percentage 0). A sim box as the first, so that its
+        values pass the inventory's checks, which every box's pass before any box changes."""
         path = self.workdir / "second-box.json"
         never = f"{self.box.container}-never-created"
         box = {"ansible_connection": "containers.podman.podman", "ansible_host": never}
-        hosts = {"all": {"children": {"gpu_boxes": {"hosts": {SECOND_BOX: box}}}}}
+        sim = {"sim_boxes": {"hosts": {SECOND_BOX: box}}}
+        hosts = {"all": {"children": {"gpu_boxes": {"children": sim}}}}
         path.write_text(json.dumps(hosts))
         return path
 
