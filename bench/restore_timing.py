@@ -60,7 +60,7 @@ def time_to_serving(results, detected):
 
 def engine_start_s(results):
     """The restore's own server start: its restart task to the readiness check's answer."""
-    restart = result_times(results, "transaction", "transaction/tasks/restart.yml", "systemd_service", "ok")
+    restart = result_times(results, "vllm_service", "vllm_service/tasks/restart.yml", "systemd_service", "ok")
     served = result_times(results, *READY, "ok")
     return served[-1] - restart[-1]
 

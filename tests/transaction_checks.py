@@ -3,7 +3,7 @@
 from driver import SECOND_BOX, Run
 
 ROLLBACK = {"role": "transaction", "file": "transaction/tasks/rollback.yml"}
-RESTART = {"role": "transaction", "file": "transaction/tasks/restart.yml"}
+RESTART = {"role": "vllm_service", "file": "vllm_service/tasks/restart.yml"}
 UNIT = "/etc/systemd/system/vllm.service"
 RECORD = "/var/lib/specfleet/last_good"
 

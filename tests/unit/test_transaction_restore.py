@@ -11,6 +11,8 @@ from driver import run_playbook
 from task_files import tasks_of
 
 RESTORE = Path(__file__).resolve().parents[2] / "roles/transaction/tasks/restore.yml"
+# What the restore asks of the server's owner (roles/vllm_service's entry point restore).
+SERVER_RESTORE = Path(__file__).resolve().parents[2] / "roles/vllm_service/tasks/restore.yml"
 
 
 def restore_tasks():
@@ -58,8 +60,8 @@ def test_the_recorded_patch_state_goes_into_the_recorded_release(tmp_path):
 def test_the_state_is_read_after_a_reload_and_before_any_restart():
     """A unit file systemd refused stays refused in its memory until a reload, even with the recorded
     file back on disk: the state read reloads first."""
-    tasks = restore_tasks()
-    (read,) = [task for task in tasks if task.get("register") == "__transaction_unit"]
+    tasks = list(tasks_of(yaml.safe_load(SERVER_RESTORE.read_text())))
+    (read,) = [task for task in tasks if task.get("register") == "__vllm_service_restore_unit"]
     assert read["ansible.builtin.systemd_service"].get("daemon_reload") is True, read
     restart = next(task for task in tasks if task.get("ansible.builtin.include_tasks") == "restart.yml")
     assert tasks.index(read) < tasks.index(restart)
