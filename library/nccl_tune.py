@@ -118,8 +118,11 @@ options:
       user's to clean up, as the server's own start does; empty runs it as the module's user.
     type: str
     default: ""
-  timeout:
-    description: Seconds the whole measurement may take before it and its workers are killed.
+  timeout_s:
+    description:
+      - Seconds the whole measurement may take before it and its workers are killed.
+      - Was timeout (still taken).
+    aliases: [timeout]
     type: int
     default: 900
 extends_documentation_fragment:
@@ -432,8 +435,8 @@ def tune(module, box):
         "--warmup", str(params["warmup"]),
         "--rounds", str(params["rounds"]),
         "--per-round", str(params["per_round"]),
-        "--candidate-timeout", str(max(30, params["timeout"] // len(candidates))),
-        timeout=params["timeout"],
+        "--candidate-timeout", str(max(30, params["timeout_s"] // len(candidates))),
+        timeout=params["timeout_s"],
     )  # fmt: skip
     choice = score(report, profile, params["min_gain"])
     measured_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
@@ -498,7 +501,7 @@ def main():
             "rounds": {"type": "int", "default": 7},
             "per_round": {"type": "int", "default": 10},
             "user": {"type": "str", "default": ""},
-            "timeout": {"type": "int", "default": 900},
+            "timeout_s": {"type": "int", "default": 900, "aliases": ["timeout"]},
         },
         supports_check_mode=True,
     )

@@ -133,8 +133,9 @@ options:
     description: Completion tokens per request (a request's own max_tokens wins).
     type: int
     default: 64
-  timeout:
-    description: Seconds per request.
+  timeout_s:
+    description: Seconds per request. Was timeout (still taken).
+    aliases: [timeout]
     type: int
     default: 300
   rows:
@@ -488,22 +489,23 @@ def measure(module):
     """The rows of the server as it serves now, at k speculative tokens."""
     params = module.params
     url, key, k = params["base_url"].rstrip("/"), params["api_key"], params["k"]
-    check_healthy(url, api_key=key, timeout=params["timeout"])
+    timeout = params["timeout_s"]
+    check_healthy(url, api_key=key, timeout=timeout)
     chat = url + "/v1/chat/completions"
     requests = workload_requests(params)
     # The first request after a start pays for warm-up (allocations, caches): not part of any cell.
-    load_cell(chat, key, params["model"], requests[:1], params["max_tokens"], 1, params["timeout"])
+    load_cell(chat, key, params["model"], requests[:1], params["max_tokens"], 1, timeout)
     rows, start = [], 0
     for concurrency in params["concurrencies"]:
         sent = workload(requests, concurrency * params["rounds"], start)
         start += len(sent)
-        before = spec_series(scrape(url, key, params["timeout"]).samples, params["model"], url) if k else None
+        before = spec_series(scrape(url, key, timeout).samples, params["model"], url) if k else None
         # One request per client a round, the same requests in round r at every k: the gain is paired.
         rounds = [sent[i : i + concurrency] for i in range(0, len(sent) - concurrency + 1, concurrency)] or [
             sent
         ]
         cells = [
-            load_cell(chat, key, params["model"], part, params["max_tokens"], concurrency, params["timeout"])
+            load_cell(chat, key, params["model"], part, params["max_tokens"], concurrency, timeout)
             for part in rounds
         ]
         row = merge_rounds(cells)
@@ -515,7 +517,7 @@ def measure(module):
         row["k"] = k
         if k:
             window = window_metrics(
-                before, spec_series(scrape(url, key, params["timeout"]).samples, params["model"], url)
+                before, spec_series(scrape(url, key, timeout).samples, params["model"], url)
             )
             drafted = window["num_draft_tokens"] / window["num_drafts"] if window["num_drafts"] else None
             if drafted is not None and round(drafted, 6) != k:
@@ -616,7 +618,7 @@ ARGUMENT_SPEC = dict(
     rounds=dict(type="int", default=3),
     requests=dict(type="list", elements="dict"),
     max_tokens=dict(type="int", default=64),
-    timeout=dict(type="int", default=300),
+    timeout_s=dict(type="int", default=300, aliases=["timeout"]),
     rows=dict(type="list", elements="dict"),
     started_at=dict(type="float"),
     speculation_off=dict(type="dict"),

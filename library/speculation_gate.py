@@ -79,13 +79,14 @@ options:
     description:
       - The budget for measuring more. While a threshold's confidence interval straddles its floor, another
         round of O(num_prompts) requests is sent (the next ones of the workload), until the verdict is clear,
-        O(max_prompts) requests have been sent or O(max_seconds) have passed.
+        O(max_prompts) requests have been sent or O(max_time_s) have passed.
       - At temperature 0 a repeated request repeats its outcome and adds no information, so the budget is
         at most the workload's distinct requests.
       - Default (or anything below O(num_prompts)) is O(num_prompts), one round.
     type: int
-  max_seconds:
-    description: No further round starts after this many seconds of requests.
+  max_time_s:
+    description: No further round starts after this many seconds of requests. Was max_seconds (still taken).
+    aliases: [max_seconds]
     type: int
     default: 600
   confidence:
@@ -110,9 +111,11 @@ options:
         1 and one at the expected load answer different questions.
     type: int
     default: 1
-  timeout:
+  timeout_s:
     description:
       - Seconds allowed for each HTTP request (C(/health), chat completions, C(/metrics), C(/v1/models)).
+      - Was timeout (still taken).
+    aliases: [timeout]
     type: int
     default: 120
   min_acceptance_rate:
@@ -621,7 +624,7 @@ def validate(params):
         return f"base_url must be http(s)://host[:port], got {params['base_url']!r}"
     if parts.path.rstrip("/").endswith("/v1"):
         return f"base_url is the server root, without /v1: got {params['base_url']!r}"
-    for option in ("num_prompts", "max_tokens", "concurrency", "timeout", "max_seconds"):
+    for option in ("num_prompts", "max_tokens", "concurrency", "timeout_s", "max_time_s"):
         if params[option] < 1:
             return f"{option} must be at least 1, got {params[option]}"
     if params["temperature"] < 0:
@@ -667,12 +670,12 @@ ARGUMENT_SPEC = dict(
     requests=dict(type="list", elements="dict"),
     num_prompts=dict(type="int", default=8),
     max_prompts=dict(type="int"),
-    max_seconds=dict(type="int", default=600),
+    max_time_s=dict(type="int", default=600, aliases=["max_seconds"]),
     confidence=dict(type="float", default=0.95),
     max_tokens=dict(type="int", default=64),
     temperature=dict(type="float", default=0.0),
     concurrency=dict(type="int", default=1),
-    timeout=dict(type="int", default=120),
+    timeout_s=dict(type="int", default=120, aliases=["timeout"]),
     min_acceptance_rate=dict(type="float"),
     min_mean_acceptance_length=dict(type="float"),
     min_speedup=dict(type="float"),
@@ -757,7 +760,7 @@ class Measurement:
     def __init__(self, module, base_url, model):
         self.module, self.base_url, self.model = module, base_url, model
         params = module.params
-        self.api_key, self.timeout = params["api_key"], params["timeout"]
+        self.api_key, self.timeout = params["api_key"], params["timeout_s"]
         self.speculation = params["speculation"]
         self.k = served_k(params)
         self.first = scrape(base_url, self.api_key, self.timeout)
@@ -861,7 +864,7 @@ def main():
     if problem:
         module.fail_json(msg=problem)
     base_url = params["base_url"].rstrip("/")
-    api_key, timeout = params["api_key"], params["timeout"]
+    api_key, timeout = params["api_key"], params["timeout_s"]
     items = distinct_requests(
         chat_requests(params["requests"], params["prompts"]), params["max_tokens"], params["temperature"]
     )
@@ -964,7 +967,7 @@ def main():
         # More requests help an interval that straddles, or one still missing for want of requests.
         more_helps = {"straddles"} | ({NO_INTERVAL} if facts["per_request_source"] else set())
         undecided = bool(more_helps & set(verdicts.values())) and "below" not in verdicts.values()
-        if not undecided or measured.sent >= budget or measured.elapsed >= params["max_seconds"]:
+        if not undecided or measured.sent >= budget or measured.elapsed >= params["max_time_s"]:
             break
         more = workload(items, min(per_round, budget - measured.sent), start=measured.sent)
         try:

@@ -6,6 +6,7 @@ import sys
 
 import ansible.module_utils
 import pytest
+from ansible.module_utils.common import warnings
 from ansible.module_utils.testing import patch_module_args
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -54,6 +55,10 @@ def run_module(capsys):
     """Run a module's main() with the given arguments; return its JSON result."""
 
     def run(module, args):
+        # A module's warnings are module-level state, one process per run in Ansible: in this process, an
+        # earlier test's warnings would be this run's too.
+        warnings._global_warnings.clear()
+        warnings._global_deprecations.clear()
         with patch_module_args(args), pytest.raises(SystemExit):
             module.main()
         return json.loads(capsys.readouterr().out)

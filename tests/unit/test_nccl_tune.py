@@ -376,7 +376,7 @@ def test_a_measurement_past_its_bound_is_killed_with_its_workers(run_module, box
         "    os._exit(0)\n"
         "time.sleep(120)\n"
     )
-    result = run_module(nccl_tune, box.args(script=str(hanging), timeout=3))
+    result = run_module(nccl_tune, box.args(script=str(hanging), timeout_s=3))
     assert result["msg"] == "the measurement exceeded its time bound of 3 s and was killed"
     assert not box.kept.exists()
     survivors = [pid for pid in os.listdir("/proc") if pid.isdigit() and hanging.name in _cmdline(pid)]

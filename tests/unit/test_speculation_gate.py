@@ -903,7 +903,7 @@ def test_main_request_timeout_is_an_error(serve, run_module):
     )
     url = serve(fake)
     result = run_module(
-        smoke, {"base_url": url, "prompts": ["fast one", "slow one"], "num_prompts": 2, "timeout": 1}
+        smoke, {"base_url": url, "prompts": ["fast one", "slow one"], "num_prompts": 2, "timeout_s": 1}
     )
     assert result.get("failed") is not True, result
     facts = facts_of(result)
@@ -1170,7 +1170,7 @@ def test_a_budget_in_seconds_stops_further_rounds(serve, run_module):
     fake = CountingVllm([GOOD, POOR])
     fake.slow_prompts, fake.delay = set(chat_load.DEFAULT_PROMPTS), 0.3
     # Without the time budget this takes three rounds (the test above).
-    args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "max_seconds": 1}
+    args = {"base_url": serve(fake), "num_prompts": 6, "max_prompts": 32, "max_time_s": 1}
     result = run_module(smoke, dict(args, min_mean_acceptance_length=2.6))
     assert facts_of(result)["rounds"] == 1, facts_of(result)
     assert facts_of(result)["verdicts"] == {"min_mean_acceptance_length": "straddles"}
