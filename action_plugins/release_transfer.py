@@ -18,8 +18,10 @@ display = Display()
 # Its own options; every other is ansible.posix.synchronize's, passed on as given.
 ARGUMENT_SPEC = {
     "total_bytes": {"type": "int", "default": 0},
-    "progress_interval": {"type": "int", "default": 30},
+    "progress_interval_s": {"type": "int", "default": 30, "aliases": ["progress_interval"]},
 }
+# Old names of its options, still taken.
+ALIASES = {alias: name for name, spec in ARGUMENT_SPEC.items() for alias in spec.get("aliases", [])}
 
 
 def read_log(path: str) -> tuple[int, int]:
@@ -55,7 +57,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
-        own = {name: self._task.args.get(name, spec["default"]) for name, spec in ARGUMENT_SPEC.items()}
+        given = {ALIASES.get(name, name): value for name, value in self._task.args.items()}
+        own = {name: given.get(name, spec["default"]) for name, spec in ARGUMENT_SPEC.items()}
         try:
             total = int(own["total_bytes"])
         except (TypeError, ValueError) as exc:
@@ -64,17 +67,17 @@ class ActionModule(ActionBase):
             ) from exc
         # The reporter waits this long between lines: at 0 or below it would spin through the transfer.
         try:
-            interval = int(own["progress_interval"])
+            interval = int(own["progress_interval_s"])
         except (TypeError, ValueError):
             interval = 0
         if interval < 1:
             raise AnsibleActionFail(
-                f"release_transfer: progress_interval={own['progress_interval']} is not a number of seconds"
-                " of at least 1"
+                f"release_transfer: progress_interval_s={own['progress_interval_s']} is not a number of"
+                " seconds of at least 1"
             )
         fd, log = tempfile.mkstemp(prefix="specfleet-transfer-", suffix=".log")
         os.close(fd)
-        args = {name: value for name, value in self._task.args.items() if name not in ARGUMENT_SPEC}
+        args = {name: value for name, value in self._task.args.items() if ALIASES.get(name, name) not in own}
         if not self._task.check_mode:  # a dry run transfers nothing to count
             args["rsync_opts"] = [
                 *(args.get("rsync_opts") or []),

@@ -9,7 +9,7 @@ module: release_transfer
 short_description: Copy a directory from the controller to a box with rsync, showing progress while it runs
 description:
   - Runs M(ansible.posix.synchronize) with every option given to it except its own two, and while rsync
-    runs prints one line every O(progress_interval) seconds at default verbosity, where the transfer moved
+    runs prints one line every O(progress_interval_s) seconds at default verbosity, where the transfer moved
     on since the last - the files and bytes written so far, of O(total_bytes), and the rate - for
     transfers of many gigabytes (a model's weights, a drafter) that would otherwise show nothing until
     they end.
@@ -22,8 +22,9 @@ options:
     description: The size of what is transferred, for the share done in each line; 0 shows bytes alone.
     type: int
     default: 0
-  progress_interval:
-    description: Seconds between progress lines.
+  progress_interval_s:
+    description: Seconds between progress lines. Was progress_interval (still taken).
+    aliases: [progress_interval]
     type: int
     default: 30
 extends_documentation_fragment:
@@ -50,7 +51,7 @@ EXAMPLES = r"""
     recursive: true
     partial: true
     total_bytes: 550000000000
-    progress_interval: 60
+    progress_interval_s: 60
 """
 
 RETURN = r"""

@@ -175,8 +175,8 @@ def assert_stopped_untouched(run, box, reason):
             "vllm_proxy_tls_certificate is set with vllm_service_proxy false: TLS is the proxy's",
         ),
         (
-            ["-e", "release_sync_progress_interval=0"],
-            "release_sync_progress_interval=0 is not a number of seconds of at least 1",
+            ["-e", "release_sync_progress_interval_s=0"],
+            "release_sync_progress_interval_s=0 is not a number of seconds of at least 1",
         ),
         # Once written into a unit that systemd refused, and that a restore could not undo in its memory.
         (

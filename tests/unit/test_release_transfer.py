@@ -32,7 +32,7 @@ def play(tmp_path, options, *args):
             "archive": False,
             "recursive": True,
             "total_bytes": FILES * SIZE,
-            "progress_interval": 1,
+            "progress_interval_s": 1,
             "rsync_opts": [SLOW],
             **options,
         }
@@ -87,8 +87,8 @@ def test_a_linked_shard_is_sent_as_the_file_it_points_at(tmp_path):
 def test_an_interval_under_a_second_fails_before_any_transfer(tmp_path, interval):
     """The reporter waits interval seconds between lines: at 0 or below it would spin through the whole
     transfer."""
-    run, _, dest = play(tmp_path, {"progress_interval": interval, "rsync_opts": []})
+    run, _, dest = play(tmp_path, {"progress_interval_s": interval, "rsync_opts": []})
     assert not run.ok
-    said = f"release_transfer: progress_interval={interval} is not a number of seconds of at least 1"
+    said = f"release_transfer: progress_interval_s={interval} is not a number of seconds of at least 1"
     assert run.failures("box") == [said], str(run)
     assert not dest.exists()
