@@ -221,7 +221,9 @@ def upgrade_driver(scenario):
     run = scenario.play("deploy.yml", *UPGRADE)
     assert run.ok, str(run)
     packages = {"host": host, "role": "nvidia_cuda", "file": "nvidia_cuda/tasks/packages.yml"}
-    stopped = run.one(**packages, action="systemd_service")
+    # By the serving unit's owner, included from the driver's packages (out of its load balancer first).
+    stop = {"host": host, "role": "vllm_service", "file": "vllm_service/tasks/stop.yml"}
+    stopped = run.one(**stop, action="systemd_service")
     driver = [
         r
         for r in run.ran(**packages, action="apt")
@@ -231,7 +233,7 @@ def upgrade_driver(scenario):
     assert stopped.changed and [r.changed for r in driver] == [True], str(run)
     # The order: stopped, then upgraded, then started and gated.
     order = [r.action.rsplit(".", 1)[-1] + ":" + r.role for r in run.changed_results(host=host)]
-    assert order.index("systemd_service:nvidia_cuda") < order.index("apt:nvidia_cuda"), order
+    assert order.index("systemd_service:vllm_service") < order.index("apt:nvidia_cuda"), order
     # Started once: by run.yml, or by the restart handler where the unit changed too.
     started = [
         r
