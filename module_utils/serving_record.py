@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["RECORD", "identity", "merge_files", "merged", "place", "read", "write"]
+__all__ = ["RECORD", "copy_of", "identity", "merge_files", "merged", "place", "read", "write"]
 
 RECORD = "record.json"
 
