@@ -1,33 +1,68 @@
-"""gate_floor_alpha: a gate floor as the per-position acceptance it means, for the fleet's Prometheus rules
-(roles/monitoring), so that an alert puts the floor at the k a box drafts now, as the gate does. The model
-is the gate's own (module_utils/spec_stats.py, loaded from its file: controller plugins cannot import the
-repo's module_utils as modules do)."""
+"""spec_floors: a box's gate floors at every k it may draft, computed once from its inventory (roles/served's
+served_floors) and handed to every consumer: the gate, the tuner, the watcher, the fleet report and the
+Prometheus rules. The only place the floor model lives.
 
-import importlib.util
-from pathlib import Path
+The model: a floor stated at floors_at_k means a drafter quality, the per-position acceptance alpha it
+implies with acceptance decaying geometrically (position i accepted with probability alpha^i, i = 1..k), so
+that the mean acceptance length at k is 1 + alpha + ... + alpha^k. 2.2 at k=3 is alpha 0.607, which is 1.61
+at k=1, 1.98 at k=2 and 2.34 at k=4. An acceptance-rate floor r at k is the mean length 1 + r * k there.
+"""
 
 from ansible.errors import AnsibleFilterError
 
-_SPEC = importlib.util.spec_from_file_location(
-    "specfleet_spec_stats", Path(__file__).resolve().parents[1] / "module_utils" / "spec_stats.py"
-)
-spec_stats = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(spec_stats)
+FIGURES = ("mean_acceptance_length", "acceptance_rate")
 
 
-def gate_floor_alpha(floor, figure, floors_at_k):
-    """alpha for a floor on `figure` (mean_acceptance_length or acceptance_rate) stated at k=floors_at_k."""
-    floor, floors_at_k = float(floor), int(floors_at_k)
-    if figure == "acceptance_rate":
-        floor = 1 + floor * floors_at_k
-    elif figure != "mean_acceptance_length":
-        raise AnsibleFilterError(f"gate_floor_alpha: no floor model for {figure!r}")
+def _geometric_sum(alpha, k):
+    return sum(alpha**i for i in range(1, k + 1))
+
+
+def floor_alpha(mean_length_floor, reference_k):
+    """The per-position acceptance alpha that `mean_length_floor` at `reference_k` means."""
+    if reference_k < 1:
+        raise ValueError(f"k must be at least 1, got floors_at_k={reference_k}")
+    if not 1 <= mean_length_floor <= 1 + reference_k:
+        raise ValueError(f"a mean acceptance length floor at k={reference_k} lies in [1, {1 + reference_k}]")
+    target = mean_length_floor - 1
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: the sum grows with alpha
+        middle = (low + high) / 2
+        low, high = (middle, high) if _geometric_sum(middle, reference_k) < target else (low, middle)
+    return (low + high) / 2
+
+
+def spec_floors(figures, floors_at_k, max_k):
+    """{alpha: {figure: alpha, or None where the floor is taken as stated}, by_k: {"k": {figure: floor}}}
+    for k = 1..max_k, from the stated floors `figures` ({figure: floor}, only those gated). floors_at_k 0
+    takes each floor as stated at every k; at floors_at_k itself a floor is exactly as stated."""
     try:
-        return round(spec_stats.floor_alpha(floor, floors_at_k), 6)
-    except ValueError as error:
-        raise AnsibleFilterError(f"gate_floor_alpha: {error}") from error
+        reference, max_k = int(floors_at_k), int(max_k)
+        stated = {figure: float(floor) for figure, floor in (figures or {}).items()}
+    except (TypeError, ValueError) as error:
+        raise AnsibleFilterError(f"spec_floors: {error}") from error
+    unknown = sorted(set(stated) - set(FIGURES))
+    if unknown:
+        raise AnsibleFilterError(f"spec_floors: no floor model for {', '.join(unknown)}")
+    alpha, by_k = {}, {str(k): {} for k in range(1, max(max_k, reference, 1) + 1)}
+    for figure, floor in stated.items():
+        if reference == 0:
+            alpha[figure] = None
+            for floors in by_k.values():
+                floors[figure] = floor
+            continue
+        mean_length = floor if figure == "mean_acceptance_length" else 1 + floor * reference
+        try:
+            alpha[figure] = floor_alpha(mean_length, reference)
+        except ValueError as error:
+            raise AnsibleFilterError(f"spec_floors: {figure} {floor}: {error}") from error
+        for k, floors in by_k.items():
+            at_k = 1 + _geometric_sum(alpha[figure], int(k))
+            converted = at_k if figure == "mean_acceptance_length" else (at_k - 1) / int(k)
+            floors[figure] = floor if int(k) == reference else round(converted, 4)
+        alpha[figure] = round(alpha[figure], 6)
+    return {"alpha": alpha, "by_k": by_k}
 
 
 class FilterModule:
     def filters(self):
-        return {"gate_floor_alpha": gate_floor_alpha}
+        return {"spec_floors": spec_floors}

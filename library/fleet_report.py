@@ -92,7 +92,6 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.prometheus_text import PrometheusParseError, parse_samples
 from ansible.module_utils.spec_metrics import SpecMetricsError, spec_series, window_metrics
-from ansible.module_utils.spec_stats import floor_at_k, rate_floor_at_k
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 
@@ -121,14 +120,12 @@ def live_figures(text):
 
 
 def _floor(floors, figure, k):
-    value = (floors or {}).get("figures", {}).get(figure)
-    at_k = int((floors or {}).get("floors_at_k") or 0)
-    if not value or not k:
-        return value
-    if not at_k or abs(k - at_k) < 1e-9:
-        return value
-    convert = floor_at_k if figure == "mean_acceptance_length" else rate_floor_at_k
-    return convert(value, at_k, max(1, round(k)))
+    """The box's floor on `figure` at the whole k nearest the mean drafted, from its table (roles/served's
+    served_floors.by_k); None: not gated on it."""
+    table = {int(at): at_k for at, at_k in ((floors or {}).get("by_k") or {}).items()}
+    if not table:
+        return None
+    return table[min(max(1, round(k)), max(table))].get(figure)
 
 
 def live_alerts(box, live, min_position_acceptance):

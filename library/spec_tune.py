@@ -78,16 +78,14 @@ options:
       all alike.
     type: dict
     default: {}
-  min_mean_acceptance_length:
+  floors_by_k:
     description: >-
-      The gate's floor, stated at O(floors_at_k): a k whose measured mean acceptance length at a
-      concurrency is below the floor at that k (module_utils/spec_stats.py C(floor_at_k)) is not chosen
-      there, so the gate never fails what the tuner chose. Unset, every k is a candidate.
-    type: float
-  floors_at_k:
-    description: The k at which O(min_mean_acceptance_length) is stated.
-    type: int
-    default: 3
+      The gate's floors at each k, C({"1": {"mean_acceptance_length": 1.61}, ...}), as roles/served computes
+      them once per box (C(served_floors.by_k)): a k whose measured mean acceptance length at a concurrency
+      is below its floor is not chosen there, so the gate never fails what the tuner chose. It must cover
+      k = 1..O(max_k); without a C(mean_acceptance_length) floor every k is a candidate.
+    type: dict
+    default: {}
   remeasure:
     description: Report a measurement as due although the kept table still matches.
     type: bool
@@ -407,13 +405,21 @@ def scoring(params):
         "confidence": params["confidence"],
         "profile": params["profile"],
         "max_num_seqs": params["max_num_seqs"],
-        "min_mean_acceptance_length": params["min_mean_acceptance_length"],
-        "floors_at_k": params["floors_at_k"],
+        "floors_by_k": {str(k): floor for k, floor in sorted(floors_by_k(params).items())},
+    }
+
+
+def floors_by_k(params):
+    """{k: mean acceptance length floor} of the gate's floors, {} where it has none."""
+    return {
+        int(k): float(at_k["mean_acceptance_length"])
+        for k, at_k in params["floors_by_k"].items()
+        if at_k.get("mean_acceptance_length")
     }
 
 
 def choice_of(rows, params):
-    eligible = gate_floor(params["min_mean_acceptance_length"], params["floors_at_k"])
+    eligible = gate_floor(floors_by_k(params))
     return choose(
         rows,
         params["output"],
@@ -605,8 +611,7 @@ ARGUMENT_SPEC = dict(
     min_gain=dict(type="float", default=0.05),
     confidence=dict(type="float", default=0.95),
     profile=dict(type="dict", default={}),
-    min_mean_acceptance_length=dict(type="float"),
-    floors_at_k=dict(type="int", default=3),
+    floors_by_k=dict(type="dict", default={}),
     remeasure=dict(type="bool", default=False),
     nvidia_smi=dict(type="str", default="nvidia-smi"),
     base_url=dict(type="str", default="http://127.0.0.1:8000"),
@@ -633,6 +638,13 @@ def validate(params):
         return f"max_k must be at least 1, got {params['max_k']}"
     if not 0 <= params["k"] <= params["max_k"]:
         return f"k must be 0 to max_k {params['max_k']}, got {params['k']}"
+    uncovered = [
+        k
+        for k in range(1, params["max_k"] + 1)
+        if params["floors_by_k"] and str(k) not in params["floors_by_k"]
+    ]
+    if uncovered:
+        return f"floors_by_k has no floors at k={', '.join(map(str, uncovered))} (max_k {params['max_k']})"
     if levels[-1] > params["max_num_seqs"]:
         return f"concurrency {levels[-1]} is above the server's max_num_seqs {params['max_num_seqs']}"
     if params["rounds"] < 1 or params["max_tokens"] < 1:

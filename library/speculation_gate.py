@@ -150,16 +150,19 @@ options:
         drafts at batch size O(concurrency), and at concurrency 1 (or without a schedule) the module fails
         when the server drafts another number (the config did not take).
     type: dict
-  floors_at_k:
+  floors_by_k:
     description:
-      - The k at which O(min_mean_acceptance_length) and O(min_acceptance_rate) are stated (e.g. 3). With
-        O(speculative_config), each floor is converted to the served C(k) so that it means the same drafter
-        quality whatever k a schedule serves (C(floor_at_k) in module_utils/spec_stats.py takes per-position
-        acceptance as decaying geometrically; 2.2 at k=3 is 1.61 at k=1 and 1.98 at k=2). Where the
-        responses carry each verify step's draft length (C(--per-request-spec-decode-metrics detailed)) and a
-        schedule drafted several, each floor is the one expected over that mix (C(draft_lengths)). Without
-        it the floors are taken as given.
-    type: int
+      - >-
+        The acceptance floors at each k the server may draft, C({"1": {"mean_acceptance_length": 1.61,
+        "acceptance_rate": 0.61}, "2": ...}), as roles/served computes them once per box from the floors
+        stated at one k (its C(served_floors.by_k), filter_plugins/spec_floors.py; 2.2 at k=3 is 1.61 at k=1).
+        With O(speculative_config), the floors in force are those at the served C(k), replacing
+        O(min_mean_acceptance_length) and O(min_acceptance_rate); a figure the table lacks is not checked.
+        Where the responses carry each verify step's draft length (C(--per-request-spec-decode-metrics
+        detailed)) and a schedule drafted several, each floor is the one expected over that mix
+        (C(draft_lengths)): the mean length's averaged over the verify steps, the rate's over the drafted
+        tokens. Without it the floors are taken as given at every k.
+    type: dict
   best:
     description:
       - The best figures this box recorded for the same workload and k (roles/transaction keeps them with
@@ -349,7 +352,7 @@ ansible_facts:
             - The lengths the server drafted, with each one's verify steps and mean acceptance length,
               where every response said them (a server with C(--per-request-spec-decode-metrics
               detailed)); else null. Under a C(num_speculative_tokens_per_batch_size) schedule at a
-              concurrency above 1 the batch size moves and so does the length; with O(floors_at_k) the
+              concurrency above 1 the batch size moves and so does the length; with O(floors_by_k) the
               floors are then those of this mix (C(floors)).
           type: list
           elements: dict
@@ -427,7 +430,7 @@ ansible_facts:
           type: int
           sample: 3
         floors:
-          description: The floors applied (converted to C(k) with O(floors_at_k)), by option name.
+          description: The floors applied (those at C(k) or its mix with O(floors_by_k)), by option name.
           type: dict
           sample: {"min_acceptance_rate": 0.488, "min_mean_acceptance_length": 1.976, "min_speedup": null}
         passed:
@@ -631,8 +634,12 @@ def validate(params):
         return f"temperature must be 0 or more, got {params['temperature']}"
     if not 0 < params["confidence"] < 1:
         return f"confidence must be between 0 and 1 (exclusive), got {params['confidence']}"
-    if params["floors_at_k"] is not None and params["floors_at_k"] < 1:
-        return f"floors_at_k must be at least 1, got {params['floors_at_k']}"
+    for k, at_k in (params["floors_by_k"] or {}).items():
+        if not str(k).isdigit() or int(k) < 1 or not isinstance(at_k, dict):
+            return f"floors_by_k maps each k (1 or more) to its floors, got {k!r}: {at_k!r}"
+    served = served_k(params) if params["floors_by_k"] else None
+    if served and str(served) not in {str(k) for k in params["floors_by_k"]}:
+        return f"floors_by_k has no floors at the served k={served}"
     if params["max_regression"] is not None and not 0 <= params["max_regression"] < 1:
         return f"max_regression must be from 0 to 1 (a fraction), got {params['max_regression']}"
     if params["baseline_tokens_per_second"] is not None and params["baseline_tokens_per_second"] <= 0:
@@ -682,7 +689,7 @@ ARGUMENT_SPEC = dict(
     baseline_per_round=dict(type="list", elements="list"),
     baseline_tokens_per_second=dict(type="float"),
     speculative_config=dict(type="dict"),
-    floors_at_k=dict(type="int"),
+    floors_by_k=dict(type="dict"),
     best=dict(type="dict"),
     max_regression=dict(type="float"),
     regression_figures=dict(
@@ -706,9 +713,9 @@ def served_k(params):
 
 
 def floors(params, k, lengths=None):
-    """{option: floor} in force: as given, or converted from floors_at_k to the served k - or, where the
-    responses said which lengths the server drafted ({length: verify steps}) and they are not all k, to
-    that mix (a schedule drafts by the batch size of each step); and, with a best record and
+    """{option: floor} in force: as given, or with floors_by_k those at the served k - or, where the
+    responses said which lengths the server drafted ({length: verify steps}) and they are not all k, those
+    expected over that mix (a schedule drafts by the batch size of each step); and, with a best record and
     max_regression, each compared figure's best less the margin."""
     thresholds = {
         option: params[option] for _fact, option, _has_interval in THRESHOLDS if not option.endswith(VS_BEST)
@@ -717,24 +724,39 @@ def floors(params, k, lengths=None):
     for fact in params.get("regression_figures") or () if margin else ():
         if best.get(fact):
             thresholds[f"min_{fact}{VS_BEST}"] = round(float(best[fact]) * (1 - margin), 4)
-    reference = params["floors_at_k"]
-    if reference and lengths and set(lengths) != {k}:
-        mean, rate = spec_stats.floors_for_lengths(
-            thresholds["min_mean_acceptance_length"], thresholds["min_acceptance_rate"], reference, lengths
-        )
-        for option, value in (("min_mean_acceptance_length", mean), ("min_acceptance_rate", rate)):
-            if value is not None:
-                thresholds[option] = round(value, 4)
-    elif reference and k and k != reference:
-        if thresholds["min_mean_acceptance_length"] is not None:
-            thresholds["min_mean_acceptance_length"] = round(
-                spec_stats.floor_at_k(thresholds["min_mean_acceptance_length"], reference, k), 4
-            )
-        if thresholds["min_acceptance_rate"] is not None:
-            thresholds["min_acceptance_rate"] = round(
-                spec_stats.rate_floor_at_k(thresholds["min_acceptance_rate"], reference, k), 4
-            )
+    if params.get("floors_by_k") and k:
+        mix = lengths if lengths and set(lengths) != {k} else {k: 1}
+        for figure, floor in floors_over_mix(params["floors_by_k"], mix).items():
+            thresholds[f"min_{figure}"] = floor
     return thresholds
+
+
+def floors_over_mix(floors_by_k, lengths):
+    """{figure: floor} expected over verify steps that drafted a mix of lengths ({length: steps}): each
+    length's floor from the table (no draft: a mean length of 1), the mean length's averaged over the steps
+    and the rate's over the drafted tokens. A figure missing at some length is not checked (None)."""
+    table = {int(k): at_k for k, at_k in floors_by_k.items()}
+    missing = sorted(d for d in lengths if d and d not in table)
+    if missing:
+        covers = f"k={min(table)}..{max(table)}" if table else "no k"
+        raise ValueError(
+            f"floors_by_k has no floors at k={', '.join(map(str, missing))} (it covers {covers})"
+        )
+    steps, drafted = sum(lengths.values()), sum(d * n for d, n in lengths.items())
+    mixed = {}
+    for figure in ("mean_acceptance_length", "acceptance_rate"):
+        if not all(figure in table[d] for d in lengths if d):
+            mixed[figure] = None
+        elif figure == "mean_acceptance_length":
+            mixed[figure] = round(
+                sum(n * (table[d][figure] if d else 1) for d, n in lengths.items()) / steps, 4
+            )
+        else:
+            rate = (
+                sum(n * d * table[d][figure] for d, n in lengths.items() if d) / drafted if drafted else None
+            )
+            mixed[figure] = None if rate is None else round(rate, 4)
+    return mixed
 
 
 def drafted_as_configured(facts, k, params):
@@ -936,7 +958,10 @@ def main():
         facts.update(passed=True, reason=reason, summary=line)
         module.exit_json(changed=False, passed=True, reason=reason, ansible_facts={"speculation_gate": facts})
 
-    thresholds = floors(params, measured.k)
+    try:
+        thresholds = floors(params, measured.k)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc), ansible_facts={"speculation_gate": facts})
     facts.update(k=measured.k, floors=thresholds)
     if any(option.endswith(VS_BEST) and limit is not None for option, limit in thresholds.items()):
         facts.update(best=params["best"], max_regression=params["max_regression"])
@@ -948,9 +973,12 @@ def main():
             module.fail_json(msg=str(exc), ansible_facts={"speculation_gate": facts})
         if facts["draft_lengths"]:
             # The floors at the lengths the server drafted (a schedule's mix), once the responses say them.
-            thresholds = floors(
-                params, measured.k, {row["k"]: row["drafts"] for row in facts["draft_lengths"]}
-            )
+            try:
+                thresholds = floors(
+                    params, measured.k, {row["k"]: row["drafts"] for row in facts["draft_lengths"]}
+                )
+            except ValueError as exc:
+                module.fail_json(msg=str(exc), ansible_facts={"speculation_gate": facts})
             facts["floors"] = thresholds
         if not facts["num_draft_tokens"]:
             module.fail_json(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils.spec_stats import floor_at_k, t_score, z_score
+from ansible.module_utils.spec_stats import t_score, z_score
 
 __all__ = [
     "SCHEDULE_KEY",
@@ -55,16 +55,17 @@ def predicted_mean_length(per_position, k):
     return 1 + sum(per_position[:k])
 
 
-def gate_floor(min_mean_length, reference_k):
+def gate_floor(floors):
     """A predicate over rows: True where the cell's measured mean acceptance length meets the gate's
-    floor at the cell's k (so the tuner never chooses a k that the gate would then fail); None: all."""
-    if not min_mean_length:
+    floor at the cell's k ({k: floor}, the box's served floors), so the tuner never chooses a k that the
+    gate would then fail; None: no floor, all rows."""
+    if not floors:
         return None
 
     def meets(row):
         length = row.get("mean_acceptance_length")
         k = int(row["k"])
-        return k == 0 or length is None or length >= floor_at_k(min_mean_length, reference_k, k) - 1e-9
+        return k == 0 or length is None or length >= floors[k] - 1e-9
 
     return meets
 

@@ -24,10 +24,6 @@ __all__ = [
     "intervals",
     "shown",
     "verdict",
-    "floor_alpha",
-    "floor_at_k",
-    "rate_floor_at_k",
-    "floors_for_lengths",
 ]
 
 # Fewer requests than this that drafted: the spread over so few says little, and no interval is given.
@@ -126,56 +122,3 @@ def verdict(interval, floor):
     if high < floor:
         return "below"
     return "straddles"
-
-
-def _geometric_sum(alpha, k):
-    return sum(alpha**i for i in range(1, k + 1))
-
-
-def floor_alpha(mean_length_floor, reference_k):
-    """The per-position acceptance alpha that `mean_length_floor` at `reference_k` means, taken as
-    decaying geometrically (position i accepted with probability alpha^(i+1)): 1 + sum of alpha^i for
-    i = 1..reference_k is the floor. 2.2 at k=3 is alpha 0.607. Prometheus rules (roles/monitoring)
-    carry alpha, so that a floor follows the k a box drafts."""
-    if reference_k < 1:
-        raise ValueError(f"k must be at least 1, got reference_k={reference_k}")
-    if not 1 <= mean_length_floor <= 1 + reference_k:
-        raise ValueError(f"a mean acceptance length floor at k={reference_k} lies in [1, {1 + reference_k}]")
-    target = mean_length_floor - 1
-    low, high = 0.0, 1.0
-    for _ in range(60):  # bisection: the sum grows with alpha
-        middle = (low + high) / 2
-        low, high = (middle, high) if _geometric_sum(middle, reference_k) < target else (low, middle)
-    return (low + high) / 2
-
-
-def floor_at_k(mean_length_floor, reference_k, k):
-    """The mean acceptance length floor for a draft of k tokens that means what `mean_length_floor`
-    means at `reference_k`: the same drafter quality (floor_alpha). 2.2 at k=3 is 1.61 at k=1, 1.98 at
-    k=2 and 2.34 at k=4."""
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got reference_k={reference_k}, k={k}")
-    return 1 + _geometric_sum(floor_alpha(mean_length_floor, reference_k), k)
-
-
-def rate_floor_at_k(rate_floor, reference_k, k):
-    """The acceptance-rate floor at k for `rate_floor` at `reference_k`, by the same model:
-    (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k."""
-    return (floor_at_k(1 + rate_floor * reference_k, reference_k, k) - 1) / k
-
-
-def floors_for_lengths(mean_length_floor, rate_floor, reference_k, lengths):
-    """(mean acceptance length floor, acceptance rate floor) for verify steps that drafted a mix of lengths
-    ({draft length: steps}, as a k schedule drafts when the batch size moves): what each floor means at
-    `reference_k` (floor_alpha), expected over the mix. A floor of None stays None; one length d gives
-    floor_at_k and rate_floor_at_k at d."""
-    steps = sum(lengths.values())
-    mean = rate = None
-    if mean_length_floor is not None:
-        alpha = floor_alpha(mean_length_floor, reference_k)
-        mean = 1 + sum(n * _geometric_sum(alpha, d) for d, n in lengths.items()) / steps
-    if rate_floor is not None:
-        alpha = floor_alpha(1 + rate_floor * reference_k, reference_k)
-        drafted = sum(n * d for d, n in lengths.items())
-        rate = sum(n * _geometric_sum(alpha, d) for d, n in lengths.items()) / drafted if drafted else None
-    return mean, rate

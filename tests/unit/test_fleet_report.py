@@ -9,13 +9,17 @@ from pathlib import Path
 import browser
 import fleet_report
 import pytest
+from test_spec_floors import spec_floors
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+STATED = {"mean_acceptance_length": 2.2, "acceptance_rate": 0.4}
+# A box's served_floors, as roles/served hands them to the report.
 FLOORS = {
     "gated": True,
     "floors_at_k": 3,
-    "figures": {"mean_acceptance_length": 2.2, "acceptance_rate": 0.4},
+    "figures": STATED,
     "speculation": True,
+    **spec_floors(STATED, 3, 3),
 }
 NOW = datetime.datetime.now(datetime.timezone.utc)
 

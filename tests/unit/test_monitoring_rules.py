@@ -4,7 +4,8 @@ monitoring.yml exports the rules for an inventory of boxes held to different flo
 rules` accepts them, and `promtool test rules` feeds them vLLM's spec-decode counters as each box would
 export them and reads which alerts fire: a good drafter none; a 15% drafter its acceptance alerts and a
 collapsed position; too few drafts none; a box drafting k=1 is held to the floor that means the same at
-k=1 (module_utils/spec_stats.py), not to the k=3 figure; speculation off with traffic; a server down.
+k=1 (its served_floors, filter_plugins/spec_floors.py), not to the k=3 figure; speculation off with
+traffic; a server down.
 Then the bad inputs: one line each, nothing written.
 """
 
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils import spec_stats
 from driver import BIN, ROOT, run_playbook
 from promtool_rules import MINUTES, PROMTOOL, alert, counters, promtool_test, without_annotations
+from test_spec_floors import spec_floors
 
 # In CI (CI=true) a missing promtool fails these tests instead of skipping them.
 pytestmark = pytest.mark.skipif(
@@ -36,6 +37,8 @@ BOXES = {
     "ungated-box": {"gate_enabled": False, "vllm_service_port": 9000, "vllm_service_proxy": False},
 }
 MODEL = "kimi"
+# The floors at k=1 the gate holds a box to (its table, roles/served): the rules must mean the same.
+AT_K1 = spec_floors({"mean_acceptance_length": 2.2, "acceptance_rate": 0.4}, 3, 3)["by_k"]["1"]
 
 
 def inventory(path: Path, extra_groups=None) -> Path:
@@ -158,8 +161,8 @@ def test_each_box_is_held_to_its_floor_at_the_k_it_drafts(exported, tmp_path):
             "promql_expr_test": [
                 floor("mean_acceptance_length", "good-box", 2.2),
                 floor("acceptance_rate", "good-box", 0.4),
-                floor("mean_acceptance_length", "k1-box", spec_stats.floor_at_k(2.2, 3, 1)),
-                floor("acceptance_rate", "k1-box", spec_stats.rate_floor_at_k(0.4, 3, 1)),
+                floor("mean_acceptance_length", "k1-box", AT_K1["mean_acceptance_length"]),
+                floor("acceptance_rate", "k1-box", AT_K1["acceptance_rate"]),
                 floor("mean_acceptance_length", "stated-box", 2.2),
                 # stated-box's rate floor is 0 (not checked), ungated-box is not gated: no floor series.
                 {

@@ -1,6 +1,6 @@
 """Unit tests for library/spec_tune.py's read and record steps and its scorer (module_utils/spec_schedule.py),
-and the gate's floors at any k (module_utils/spec_stats.py floor_at_k). The measure step runs against the real
-server in the spec_tune molecule scenario.
+with the gate's floors at each k (tests/unit/test_spec_floors.py). The measure step runs against the real
+server in the default scenario.
 
 The GPUs are simulated at the edge: the sim box's nvidia-smi over a real capture."""
 
@@ -8,11 +8,14 @@ import json
 
 import pytest
 import spec_tune
-from ansible.module_utils import spec_schedule, spec_stats
+from ansible.module_utils import spec_schedule
 from conftest import REPO
+from test_spec_floors import spec_floors
 
 FIXTURES = REPO / "tests" / "fixtures"
 DRIVER = "575.57.08"
+# The gate's default floor at each k, as roles/served hands it to the tuner: 2.2 at k=3.
+FLOORS_BY_K = spec_floors({"mean_acceptance_length": 2.2}, 3, 3)["by_k"]
 
 
 # Three rounds, each slowed or sped alike at every k (the machine's load in that round): paired, the gain of
@@ -185,23 +188,6 @@ def test_prediction_from_per_position_acceptance():
     ]
 
 
-# --- the gate's floors at any k -------------------------------------------------------------------
-
-
-def test_floors_mean_the_same_drafter_quality_at_every_k():
-    assert spec_stats.floor_at_k(2.2, 3, 3) == pytest.approx(2.2, abs=1e-12)
-    assert [round(spec_stats.floor_at_k(2.2, 3, k), 3) for k in (1, 2, 4)] == [1.607, 1.976, 2.336]
-    # A floor at k=1 can never exceed 2 (one drafted token), today's fixed 2.2 could.
-    assert spec_stats.floor_at_k(2.2, 3, 1) < 2
-    assert spec_stats.rate_floor_at_k(0.4, 3, 3) == pytest.approx(0.4, abs=1e-12)
-    assert round(spec_stats.rate_floor_at_k(0.4, 3, 1), 3) == 0.607
-    # The sim's known drafters keep their verdicts at k=1: 3.4 (0.895 at position 0) passes, 1.4 (0.261)
-    # fails.
-    assert 1.895 > spec_stats.floor_at_k(2.2, 3, 1) > 1.261
-    with pytest.raises(ValueError, match=r"lies in \[1, 4\]"):
-        spec_stats.floor_at_k(4.5, 3, 2)
-
-
 # --- the module: read and record ------------------------------------------------------------------
 
 
@@ -364,11 +350,11 @@ def test_a_k_the_gate_would_fail_is_never_chosen():
     table = rows(CROSSOVER)
     for row in table:
         row["mean_acceptance_length"] = {0: None, 1: 1.600, 2: 2.1, 3: 2.24}[row["k"]]
-    eligible = spec_schedule.gate_floor(2.2, 3)
+    eligible = spec_schedule.gate_floor({int(k): f["mean_acceptance_length"] for k, f in FLOORS_BY_K.items()})
     chosen = spec_schedule.best_k_per_concurrency(table, 0.05, eligible)
     # At 4, k=1 (400) was fastest; k=2 (380 over 360, +5.6%) now serves there.
     assert {c: k for c, (k, _gain) in chosen.items()} == {1: 3, 2: 2, 4: 2, 8: 0}
-    assert spec_schedule.gate_floor(0, 3) is None
+    assert spec_schedule.gate_floor({}) is None
 
 
 def test_the_module_passes_the_gate_floor_to_the_choice(run_module, box):
@@ -379,7 +365,7 @@ def test_the_module_passes_the_gate_floor_to_the_choice(run_module, box):
         run_module(spec_tune, box.args(step="record", rows=table, max_k=3, concurrencies=[1, 2]))
     )
     assert without["speculative_config"]["num_speculative_tokens"] == 1
-    floored = run_module(spec_tune, box.args(min_mean_acceptance_length=2.2, max_k=3, concurrencies=[1, 2]))
+    floored = run_module(spec_tune, box.args(floors_by_k=FLOORS_BY_K, max_k=3, concurrencies=[1, 2]))
     assert floored["changed"] is True  # re-scored: the floor is part of the scoring
     assert facts_of(floored)["speculative_config"]["num_speculative_tokens"] == 2
 

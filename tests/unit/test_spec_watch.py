@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_spec_floors import spec_floors
 
 ROOT = Path(__file__).resolve().parents[2]
 # As roles/spec_watch installs them: the repo's module_utils beside the script, as the package it imports.
@@ -102,8 +103,7 @@ def box(tmp_path):
     unit.write_text(UNIT)
     config = {
         "metrics_url": f"http://127.0.0.1:{httpd.server_port}/metrics",
-        "floors": {"mean_acceptance_length": 2.2, "acceptance_rate": 0.4},
-        "floors_at_k": 3,
+        "floors_by_k": spec_floors({"mean_acceptance_length": 2.2, "acceptance_rate": 0.4}, 3, 3)["by_k"],
         "windows": 2,
         "min_drafts": 100,
         "lock_file": str(tmp_path / "deploy.lock"),

@@ -20,6 +20,7 @@ import speculation_gate as smoke
 from ansible.module_utils import chat_load, spec_metrics, spec_stats, vllm_api
 from ansible.module_utils import prometheus_text as pt
 from ansible.module_utils.testing import patch_module_args
+from test_spec_floors import spec_floors
 
 ENGINE_ERROR = (
     '{"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError", "code": 500}}'
@@ -27,6 +28,8 @@ ENGINE_ERROR = (
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 URL = "http://127.0.0.1:18234"
+# The gate's default floors at each k, as roles/served hands them on: 2.2 and 0.4 at k=3.
+FLOORS_BY_K = spec_floors({"mean_acceptance_length": 2.2, "acceptance_rate": 0.4}, 3, 3)["by_k"]
 
 
 def capture(name):
@@ -675,7 +678,7 @@ def test_main_runs_in_check_mode(serve, run_module):
 
 
 def test_served_k_and_the_floors_at_it():
-    params = {"speculative_config": None, "concurrency": 1, "floors_at_k": 3}
+    params = {"speculative_config": None, "concurrency": 1, "floors_by_k": FLOORS_BY_K}
     params.update(min_acceptance_rate=0.4, min_mean_acceptance_length=2.2, min_speedup=None)
     assert smoke.served_k(params) is None
     assert smoke.floors(params, None)["min_mean_acceptance_length"] == 2.2
@@ -690,7 +693,7 @@ def test_served_k_and_the_floors_at_it():
         "min_speedup": None,
     }
     assert smoke.served_k(dict(params, concurrency=4)) == 3
-    assert smoke.floors(dict(params, floors_at_k=None), 1)["min_mean_acceptance_length"] == 2.2
+    assert smoke.floors(dict(params, floors_by_k=None), 1)["min_mean_acceptance_length"] == 2.2
 
 
 def test_a_schedule_that_did_not_take_fails_the_gate(serve, run_module, monkeypatch):
@@ -701,7 +704,7 @@ def test_a_schedule_that_did_not_take_fails_the_gate(serve, run_module, monkeypa
         monkeypatch.setattr(chat_load, "time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
         url = serve(CountingVllm([GOOD]))
         config = {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": schedule}
-        args = {"base_url": url, "speculative_config": config, "floors_at_k": 3}
+        args = {"base_url": url, "speculative_config": config, "floors_by_k": FLOORS_BY_K}
         return run_module(smoke, dict(args, min_mean_acceptance_length=2.2))
 
     result = gate([[1, 1, 1], [2, 8, 3]])
@@ -1290,16 +1293,25 @@ def test_each_responses_draft_lengths_are_counted():
 
 
 def test_floors_over_a_mix_of_draft_lengths():
-    one = spec_stats.floors_for_lengths(2.2, 0.4, 3, {1: 10})
-    assert one == pytest.approx((spec_stats.floor_at_k(2.2, 3, 1), spec_stats.rate_floor_at_k(0.4, 3, 1)))
+    at_1, at_3 = FLOORS_BY_K["1"], FLOORS_BY_K["3"]
+    assert smoke.floors_over_mix(FLOORS_BY_K, {1: 10}) == at_1
     # Half the steps at 1, half at 3: the mean of the two length floors; the rate weighs by tokens drafted.
-    mean, rate = spec_stats.floors_for_lengths(2.2, 0.4, 3, {1: 5, 3: 5})
-    assert mean == pytest.approx((spec_stats.floor_at_k(2.2, 3, 1) + 2.2) / 2)
-    at_1 = spec_stats.rate_floor_at_k(0.4, 3, 1)
-    assert rate == pytest.approx((at_1 * 1 + 0.4 * 3) / 4)
-    assert spec_stats.floors_for_lengths(None, 0.4, 3, {1: 1})[0] is None
+    mixed = smoke.floors_over_mix(FLOORS_BY_K, {1: 5, 3: 5})
+    mean = (at_1["mean_acceptance_length"] + at_3["mean_acceptance_length"]) / 2
+    assert mixed["mean_acceptance_length"] == pytest.approx(mean, abs=1e-4)
+    rate = (at_1["acceptance_rate"] * 1 + at_3["acceptance_rate"] * 3) / 4
+    assert mixed["acceptance_rate"] == pytest.approx(rate, abs=1e-4)
+    # A step that drafted nothing counts a mean length of 1 and no drafted token.
+    assert smoke.floors_over_mix(FLOORS_BY_K, {0: 5, 3: 5}) == {
+        "mean_acceptance_length": 1.6,
+        "acceptance_rate": 0.4,
+    }
+    # A figure the table lacks is not checked; a length it lacks is one line.
+    assert smoke.floors_over_mix({"1": {"acceptance_rate": 0.6}}, {1: 1})["mean_acceptance_length"] is None
+    with pytest.raises(ValueError, match=r"floors_by_k has no floors at k=4 \(it covers k=1..3\)"):
+        smoke.floors_over_mix(FLOORS_BY_K, {4: 1})
     params = {
-        "floors_at_k": 3,
+        "floors_by_k": FLOORS_BY_K,
         "min_acceptance_rate": 0.4,
         "min_mean_acceptance_length": 2.2,
         "min_speedup": None,
@@ -1307,6 +1319,16 @@ def test_floors_over_a_mix_of_draft_lengths():
     # Every step at the served k: the floor at k, as without lengths.
     assert smoke.floors(params, 1, {1: 10}) == smoke.floors(params, 1)
     assert smoke.floors(params, 1, {1: 5, 3: 5})["min_mean_acceptance_length"] == round(mean, 4)
+
+
+def test_a_served_k_the_floors_do_not_cover_is_refused_before_any_request(serve, run_module):
+    fake = CountingVllm([GOOD])
+    config = {"num_speculative_tokens": 5}
+    result = run_module(
+        smoke, {"base_url": serve(fake), "speculative_config": config, "floors_by_k": FLOORS_BY_K}
+    )
+    assert result["failed"] is True and result["msg"] == "floors_by_k has no floors at the served k=5"
+    assert fake.chats() == []
 
 
 class DetailedVllm(CountingVllm):
@@ -1328,12 +1350,15 @@ def test_under_a_schedule_the_floors_are_those_of_the_lengths_drafted(serve, run
     the mix's, from every response's steps, not k=1's."""
     fake = DetailedVllm([GOOD])
     args = {"base_url": serve(fake), "num_prompts": 8, "concurrency": 4, "speculative_config": SCHEDULE}
-    result = run_module(smoke, dict(args, floors_at_k=3, min_mean_acceptance_length=1.5))
+    floors_by_k = spec_floors({"mean_acceptance_length": 1.5}, 3, 3)["by_k"]
+    result = run_module(smoke, dict(args, floors_by_k=floors_by_k, min_mean_acceptance_length=1.5))
     assert result.get("failed") is not True, result
     facts = facts_of(result)
     assert facts["k"] == 1 and facts["per_request_source"] == "responses"
     drafted = {row["k"]: row["drafts"] for row in facts["draft_lengths"]}
     assert drafted[1] > 0 and drafted[3] >= 1, facts["draft_lengths"]
-    mean, _rate = spec_stats.floors_for_lengths(1.5, None, 3, drafted)
+    mean = sum(n * floors_by_k[str(k)]["mean_acceptance_length"] for k, n in drafted.items()) / sum(
+        drafted.values()
+    )
     assert facts["floors"]["min_mean_acceptance_length"] == round(mean, 4)
-    assert spec_stats.floor_at_k(1.5, 3, 1) < facts["floors"]["min_mean_acceptance_length"] < 1.5
+    assert floors_by_k["1"]["mean_acceptance_length"] < facts["floors"]["min_mean_acceptance_length"] < 1.5

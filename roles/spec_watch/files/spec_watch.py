@@ -27,7 +27,7 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from specfleet_utils import box_lock, prometheus_text, serving_record, spec_stats  # noqa: E402
+from specfleet_utils import box_lock, prometheus_text, serving_record  # noqa: E402
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -71,12 +71,16 @@ def counters(url):
 
 
 def floor_at(config, k):
-    """The gate's mean acceptance length floor at the k drafted (None: not gated on it)."""
-    floor = config["floors"].get("mean_acceptance_length")
-    at_k = config["floors_at_k"]
-    if not floor or not at_k or k < 1:
-        return floor
-    return spec_stats.floor_at_k(floor, at_k, max(1, round(k)))
+    """The gate's mean acceptance length floor at the k drafted, rounded to a whole k within the box's
+    table (roles/served's served_floors.by_k); None: not gated on it."""
+    table = {
+        int(at): floors["mean_acceptance_length"]
+        for at, floors in config["floors_by_k"].items()
+        if "mean_acceptance_length" in floors
+    }
+    if not table:
+        return None
+    return table[min(max(1, round(k)), max(table))]
 
 
 class Refused(Exception):
