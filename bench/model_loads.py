@@ -68,7 +68,7 @@ WORKFLOWS = [
         "the change's start, then the restore's",
     ),
     (
-        "--tags spec_tune, k = 0..2",
+        "tune_speculation.yml, k = 0..2",
         0,
         "playbooks/tune_speculation.yml",
         [*drafter("eagle3-known-3.0"), "-e", "spec_tune_take_out_of_service=true"],
@@ -77,7 +77,7 @@ WORKFLOWS = [
         "K + 1: k = 0 is the gate's baseline, measured on its trial at the first deploy",
     ),
     (
-        "--tags nccl_tune",
+        "tune_nccl.yml",
         0,
         "playbooks/tune_nccl.yml",
         [*drafter("eagle3-known-3.0"), "-e", "nccl_tune_stop_service=true"],

@@ -3,7 +3,7 @@
 Starts its own sim box from the installed image (container specfleet-bench-tune, SSH on 127.0.0.1:22125,
 the server on 127.0.0.1:18003), serving the token-map target. For a middle and a high known-acceptance
 drafter (sim/build_models.py: eagle3-known-2.2 and eagle3-known-3.4) it deploys the drafter, then runs
-`deploy.yml --tags spec_tune` as an operator would (taking the box out of service) and prints, from the
+`deploy.yml --tags spec_tune -e spec_tune_measure=true` as an operator would (taking the box out of service) and prints, from the
 table the tuner kept on the box:
   - tokens/s and inter-token latency per k x concurrency, each k's gain over speculation off with its interval
     over the rounds, the k chosen per concurrency and the schedule;
@@ -146,6 +146,7 @@ def main():
     args = parser.parse_args()
     subprocess.run(["podman", "rm", "-f", BOX], capture_output=True, check=False)
     tune = {
+        "spec_tune_measure": True,
         "spec_tune_take_out_of_service": True,
         # The drafters' own k (the sim profile measures only up to 2 to keep the suite short).
         "spec_tune_max_k": 3,

@@ -510,7 +510,7 @@ def main():
     except (MeasurementError, KeptMeasurementError, ValueError) as error:
         module.fail_json(msg=str(error))
     for line in facts.get("stale") or []:
-        module.warn(f"the kept NCCL measurement is stale ({line}); re-measure with --tags nccl_tune")
+        module.warn(f"the kept NCCL measurement is stale ({line}); re-measure with playbooks/tune_nccl.yml")
     module.exit_json(changed=changed, measurement_due=due, ansible_facts={"nccl_tune": facts})
 
 

@@ -1,4 +1,5 @@
-"""The user's own `--tags nccl_tune` and `--tags spec_tune` command lines against the converged box, then
+"""The user's own `--tags nccl_tune` and `--tags spec_tune` command lines (each with its measure switch: tags
+only select) against the converged box, then
 a driver upgrade on the serving box, checked on their structured results; testinfra (tests/) then checks
 the box itself."""
 
@@ -10,8 +11,8 @@ from ansible.module_utils.spec_schedule import k_for_batch
 # The driver the stand-in nvidia-smi package says is loaded; a reboot would load the installed one.
 LOADED_DRIVER = "/run/sim-nvidia/driver-version"
 UPGRADE = ("-e", "nvidia_cuda_driver_version=575.64.03")
-TUNE = ("--tags", "nccl_tune")
-SPEC_TUNE = ("--tags", "spec_tune")
+TUNE = ("--tags", "nccl_tune", "-e", "nccl_tune_measure=true")
+SPEC_TUNE = ("--tags", "spec_tune", "-e", "spec_tune_measure=true")
 TRIAL = {"role": "vllm_service", "file": "vllm_service/tasks/trial.yml", "action": "systemd_service"}
 
 

@@ -134,3 +134,51 @@ def test_every_version_test_compares_by_pep440():
         f"{path.relative_to(ROOT)}: {call}" for path, call in calls if "version_type='pep440'" not in call
     ]
     assert not loose, loose
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("--tags", "spec_tune"),
+            "--tags spec_tune serves what is kept and measures nothing: set spec_tune_measure=true to "
+            "measure, as playbooks/tune_speculation.yml and playbooks/tune_nccl.yml do",
+        ),
+        (
+            ("--tags", "nccl_tune,spec_tune", "-e", "spec_tune_measure=true"),
+            "--tags nccl_tune serves what is kept and measures nothing: set nccl_tune_measure=true to "
+            "measure, as playbooks/tune_speculation.yml and playbooks/tune_nccl.yml do",
+        ),
+        (("--tags", "spec_tune", "-e", "spec_tune_measure=true"), None),
+        (
+            ("-e", '{"spec_tune_on_deploy": true}'),
+            "deprecated until the next release: spec_tune_on_deploy is now spec_tune_measure",
+        ),
+    ],
+)
+def test_tags_only_select_and_a_tuner_s_tag_says_how_to_measure(fleet, args, said):
+    """A tag never switches a measurement on: --tags spec_tune alone serves what is kept and says so."""
+    run = run_playbook("deploy.yml", "--limit", "box-a", *args, inventory=fleet)
+    messages = [
+        r.result.get("msg")
+        for r in run.select(
+            host="box-a", role="validate_inventory", action="ansible.builtin.debug", status="ok"
+        )
+    ]
+    assert messages == ([said] if said else []), str(run)
+
+
+@pytest.mark.parametrize("recheck", [False, True])
+def test_one_switch_says_whether_the_transaction_checks_role_arguments_again(fleet, recheck):
+    """The checks' play checked every role's arguments at once: the transaction's imports do not again, unless
+    specfleet_recheck_role_arguments says so (then Ansible's own check runs as each role starts)."""
+    args = ("-e", "specfleet_recheck_role_arguments=true") if recheck else ()
+    run = run_playbook("deploy.yml", "--limit", "box-a", *args, inventory=fleet)
+    box_plays = run.select(
+        host="box-a", action="ansible.builtin.validate_argument_spec", file="playbooks/common/box.yml"
+    )
+    checked = {r.role for r in box_plays}
+    # validate_inventory checks its own as the checks' play starts; rollout's budget is imported without the
+    # switch, first in the play. The box is unreachable: the transaction's checks stop at served and reach.
+    once = {"validate_inventory", "rollout"}
+    assert checked == (once | {"served"} if recheck else once), str(run)

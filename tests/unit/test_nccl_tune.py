@@ -317,7 +317,7 @@ def test_reading_only_warns_when_the_box_changed_since(run_module, box):
     assert result["changed"] is False
     assert facts["source"] == "kept" and facts["env"] == {}
     assert facts["stale"] == [f"driver {H200_DRIVER} -> 580.200.01"]
-    assert "re-measure with --tags nccl_tune" in result["warnings"][0]["event"]["msg"]
+    assert "re-measure with playbooks/tune_nccl.yml" in result["warnings"][0]["event"]["msg"]
     # Reading starts no Python and touches no GPU.
     assert box.calls() == ["probe", "measure"]
 
