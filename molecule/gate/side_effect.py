@@ -295,7 +295,6 @@ def side_effect(scenario):
         new_key = keys_rotate_without_a_model_load(scenario, monitored)
         low_drafter_rolled_back(scenario, prometheus, new_key)
         back_to_the_inventory_s_key(scenario, monitored, new_key)
-        regressing_drafter_rolled_back(scenario)
         alerts_on_the_15_percent_drafter(scenario, prometheus)
     watcher_turns_speculation_off(scenario)
     plain_deploy_passes_again(scenario)
@@ -451,27 +450,6 @@ def back_to_the_inventory_s_key(scenario, monitored, new_key):
     assert answers(scenario, [API_KEY, new_key]) == {API_KEY: 200, new_key: 401}
 
 
-def regressing_drafter_rolled_back(scenario):
-    host = scenario.host
-    good = scenario.box.out("readlink /srv/drafters/current").strip()
-    # The 3.0 drafter clears both floors, but falls more than 10% (gate_max_regression) under the best
-    # mean acceptance length recorded on this box for the gate's workload (3.37, at converge): failed
-    # and restored all the same.
-    regressing = ship(scenario, "eagle3-known-3.0", inventory=scenario.second_box_inventory)
-    line = assert_restored(regressing, scenario.box, host, [f"drafter link -> {good}"])
-    best = gated("eagle3-known-3.4")["mean_acceptance_length"]
-    assert re.match(
-        rf"gate failed on {host}: mean_acceptance_length 2\.85 \[2\.79, 2\.91\] < "
-        rf"min_mean_acceptance_length_vs_best {best * 0.9:.2f} \(10% under the best {best:.2f} of 20\S+\); "
-        r"restored the last known good of ",
-        line,
-    ), line
-    smoke = regressing.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
-    assert smoke.facts["speculation_gate"]["verdicts"]["min_mean_acceptance_length"] == "above", str(
-        regressing
-    )
-
-
 WATCH = [
     *("-e", "spec_watch_enabled=true", "-e", "spec_watch_interval_s=5"),
     *("-e", "spec_watch_windows=2", "-e", "spec_watch_min_drafts=20"),
@@ -564,12 +542,23 @@ def watcher_turns_speculation_off(scenario):
     assert record["files"]["speculation_off"] and record["files"]["spec_watch"], record
     box.sh(f"cmp {DROPIN} {RECORD}/files/speculation_off")
     good = box.out("readlink /srv/drafters/current").strip()
-    failed = ship(scenario, "eagle3-known-3.0", *WATCH)
+    # The 3.0 drafter clears both floors, but falls more than 10% (gate_max_regression) under the best mean
+    # acceptance length recorded on this box for the gate's workload (3.37, at converge): failed and
+    # restored all the same, and the rollout stops before the second box.
+    failed = ship(scenario, "eagle3-known-3.0", *WATCH, inventory=scenario.second_box_inventory)
     ended = failed.changed_results(host=host, role="spec_watch", file="spec_watch/tasks/main.yml")
     assert ended, str(failed)
     put_back = ["spec_watch file", "speculation_off file", f"drafter link -> {good}"]
     line = assert_restored(failed, box, host, put_back, speculation_off=True)
-    assert line.startswith(f"gate failed on {host}: mean_acceptance_length 2.85 "), line
+    best = gated("eagle3-known-3.4")["mean_acceptance_length"]
+    assert re.match(
+        rf"gate failed on {host}: mean_acceptance_length 2\.85 \[2\.79, 2\.91\] < "
+        rf"min_mean_acceptance_length_vs_best {best * 0.9:.2f} \(10% under the best {best:.2f} of 20\S+\); "
+        r"restored the last known good of ",
+        line,
+    ), line
+    smoke = failed.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
+    assert smoke.facts["speculation_gate"]["verdicts"]["min_mean_acceptance_length"] == "above", str(failed)
     box.sh(f"cmp {DROPIN} {RECORD}/files/speculation_off")
     assert json.loads(box.out(f"cat {WATCH_ACCOUNT}")) == account
     command = box.out("tr '\\0' ' ' < /proc/$(systemctl show vllm --property=MainPID --value)/cmdline")
