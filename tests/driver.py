@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SECOND_BOX = "zz-second-box"
 REACH_CHECK = "roles/rollout/tasks/reach.yml"
-# Actions that run on the controller alone (controller_file: action_plugins/).
+# Actions that run on the controller alone (controller_file, chat_workload, role_arguments: action_plugins/).
 CONTROLLER_ACTIONS = {
     "controller_file",
+    "chat_workload",
     "role_arguments",
     *(
         f"ansible.builtin.{name}"

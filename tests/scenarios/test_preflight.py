@@ -345,11 +345,15 @@ GOOD_REQUEST = '{"messages": [{"role": "user", "content": "Why is the sky blue?"
     ],
     ids=["not-jsonl", "no-messages", "past-the-context", "sampled-on-the-cpu-build", "too-few-distinct"],
 )
-def test_bad_workload_file_stops_in_preflight(box, deploy, tmp_path, lines, reason):
-    """The operator's traffic file for the gate is read on the controller before anything changes."""
+def test_bad_workload_file_stops_before_any_box_is_contacted(box, deploy, tmp_path, lines, reason):
+    """The operator's traffic file for the gate is read on the controller, in the inventory's checks, before
+    any box is contacted (the sim's context is its --max-model-len argument)."""
     workload = tmp_path / "traffic.jsonl"
     workload.write_text("\n".join(lines) + "\n")
-    assert_stopped_untouched(deploy("-e", f"gate_workload_file={workload}"), box, f"{workload} {reason}")
+    run = deploy("-e", f"gate_workload_file={workload}")
+    assert_stopped_untouched(run, box, f"{workload} {reason}")
+    assert run.select(host=HOST, role="validate_inventory", status="failed"), str(run)
+    assert not run.touched(HOST), str(run)
 
 
 @pytest.mark.parametrize(
