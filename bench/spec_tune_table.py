@@ -3,8 +3,8 @@
 Starts its own sim box from the installed image (container specfleet-bench-tune, SSH on 127.0.0.1:22125,
 the server on 127.0.0.1:18003), serving the token-map target. For a middle and a high known-acceptance
 drafter (sim/build_models.py: eagle3-known-2.2 and eagle3-known-3.4) it deploys the drafter, then runs
-`deploy.yml --tags spec_tune -e spec_tune_measure=true` as an operator would (taking the box out of service) and prints, from the
-table the tuner kept on the box:
+`deploy.yml --tags spec_tune -e spec_tune_measure=true` as an operator would (taking the box out of service)
+and prints, from the table the tuner kept on the box:
   - tokens/s and inter-token latency per k x concurrency, each k's gain over speculation off with its interval
     over the rounds, the k chosen per concurrency and the schedule;
   - the concurrency from which speculation stops paying on this machine;

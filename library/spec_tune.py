@@ -675,7 +675,9 @@ def main():
     except (TuneError, KeptMeasurementError, ScheduleError, SpecMetricsError, VllmApiError) as error:
         module.fail_json(msg=str(error))
     for line in spec_tune.get("stale") or []:
-        module.warn(f"the kept speculation table is stale ({line}); re-measure with playbooks/tune_speculation.yml")
+        module.warn(
+            f"the kept speculation table is stale ({line}); re-measure with playbooks/tune_speculation.yml"
+        )
     spec_tune["summary"] = summary(spec_tune)
     module.exit_json(changed=changed, measurement_due=due, ansible_facts={"spec_tune": spec_tune})
 
