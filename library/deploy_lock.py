@@ -75,7 +75,7 @@ lock:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.box_lock import LOCK_OPTIONS, hold, release
+from ansible.module_utils.deploy_lock import LOCK_OPTIONS, hold, release
 
 
 def main():

@@ -144,7 +144,7 @@ import os
 from functools import partial
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.serving_record import copy_of, identity, merged, place, read, write
+from ansible.module_utils.last_good import copy_of, identity, merged, place, read, write
 from ansible.module_utils.specfleet_files import replace_link
 
 PARTS = ("files", "links", "serving")

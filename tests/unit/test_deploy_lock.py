@@ -8,7 +8,7 @@ import time
 
 import deploy_lock
 import pytest
-from ansible.module_utils import box_lock
+from ansible.module_utils import deploy_lock as lock_file
 
 
 @pytest.fixture
@@ -82,18 +82,18 @@ def test_two_runs_racing_for_a_stale_lock_take_it_once(lock, monkeypatch):
     lock.parent.mkdir(parents=True)
     since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=7)).isoformat()
     lock.write_text(json.dumps({"holder": "carol@gone", "token": "killed-run", "since": since}))
-    judged = box_lock.age_s
+    judged = lock_file.age_s
 
     def slow_age(*args):
         time.sleep(0.2)
         return judged(*args)
 
-    monkeypatch.setattr(box_lock, "age_s", slow_age)
+    monkeypatch.setattr(lock_file, "age_s", slow_age)
     outcomes = {}
 
     def take(token):
         try:
-            box_lock.hold(Module(), str(lock), f"{token}@ops", token, 21600)
+            lock_file.hold(Module(), str(lock), f"{token}@ops", token, 21600)
             outcomes[token] = "held"
         except Refused as refused:
             outcomes[token] = str(refused)
@@ -115,7 +115,7 @@ class Refused(Exception):
 
 
 class Module:
-    """What box_lock needs of AnsibleModule: fail_json (here an exception) and check_mode."""
+    """What module_utils/deploy_lock needs of AnsibleModule: fail_json (here an exception) and check_mode."""
 
     check_mode = False
 

@@ -195,13 +195,13 @@ def test_it_acts_holding_the_box_s_lock(box, monkeypatch):
     starts then is refused, as by another deploy."""
     server, config, tick, calls, tmp_path = box
     held = []
-    merge = spec_watch.serving_record.merge_files
+    merge = spec_watch.last_good.merge_files
 
     def watched(directory, files):
         held.append(json.loads(Path(config["lock_file"]).read_text())["holder"])
         return merge(directory, files)
 
-    monkeypatch.setattr(spec_watch.serving_record, "merge_files", watched)
+    monkeypatch.setattr(spec_watch.last_good, "merge_files", watched)
     spec_watch.act(config, "a test", run=lambda command, check: calls.append(command))
     assert held == [f"spec watch (pid {os.getpid()})"], held
     assert_recorded(config, tmp_path)

@@ -27,7 +27,7 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from specfleet_utils import box_lock, prometheus_text, serving_record  # noqa: E402
+from specfleet_utils import deploy_lock, last_good, prometheus_text  # noqa: E402
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -88,7 +88,7 @@ class Refused(Exception):
 
 
 class LockCaller:
-    """What box_lock asks of its caller (an Ansible module's fail_json and check mode)."""
+    """What deploy_lock asks of its caller (an Ansible module's fail_json and check mode)."""
 
     check_mode = False
 
@@ -143,15 +143,15 @@ def act(config, reason, run=subprocess.run):
     speculation off; what it changed recorded into the box's record. Raises Refused while a deploy holds
     the lock."""
     token = uuid.uuid4().hex
-    box_lock.hold(
+    deploy_lock.hold(
         LockCaller, config["lock_file"], f"spec watch (pid {os.getpid()})", token, config["lock_stale_s"]
     )
     try:
         acted = fall_back(config, reason)
         # Into the box's record: a later rollback puts the fallback back with the rest of what served.
-        serving_record.merge_files(config["record_dir"], config["record_files"])
+        last_good.merge_files(config["record_dir"], config["record_files"])
     finally:
-        box_lock.release(LockCaller, config["lock_file"], token)
+        deploy_lock.release(LockCaller, config["lock_file"], token)
     for command in (
         ["daemon-reload"],
         ["reset-failed", config["unit"]],
@@ -164,7 +164,7 @@ def act(config, reason, run=subprocess.run):
 def fall_back(config, reason):
     """The drafter link or the drop-in, and the account of why."""
     current = os.path.realpath(config["drafter_link"])
-    recorded = (serving_record.read(config["record_dir"]) or {}).get("links", {}).get("drafter")
+    recorded = (last_good.read(config["record_dir"]) or {}).get("links", {}).get("drafter")
     if recorded and os.path.realpath(recorded) != current and os.path.isdir(recorded):
         staged = config["drafter_link"] + ".spec-watch"
         if os.path.lexists(staged):
