@@ -145,12 +145,12 @@ options:
     type: float
   speculation_off:
     description:
-      - The rows without speculation (k = 0) that the gate's baseline trial measured with this module
-        (C(rows) and C(speculation_off_identity) of its C(step=measure) at k = 0, and C(measured_at)), as
-        roles/gate keeps them. Where their identity is this measurement's (vLLM, model, server arguments,
-        GPUs, driver, workload, concurrencies, rounds, max_tokens) and O(remeasure) is false, C(step=read)
-        leaves k = 0 out of C(trial_ks) and C(step=record) takes them as the table's k = 0, one server start
-        fewer.
+      - The rows without speculation (k = 0) that an earlier trial without speculation measured with this
+        module (C(rows) and C(speculation_off_identity) of its C(step=measure) at k = 0, and C(measured_at)),
+        as roles/measurement keeps them beside the gate's baseline. Where their identity is this
+        measurement's (vLLM, model, server arguments, GPUs, driver, workload, concurrencies, rounds,
+        max_tokens) and O(remeasure) is false, C(step=read) leaves k = 0 out of C(trial_ks) and
+        C(step=record) takes them as the table's k = 0, one server start fewer.
     type: dict
 extends_documentation_fragment:
   - action_common_attributes
@@ -350,8 +350,8 @@ def identity(module):
 
 
 def reusable_speculation_off(module):
-    """The rows without speculation measured on a trial of the gate's baseline (O(speculation_off)) where
-    they still match the box and this measurement, else None; without them, k = 0 is a trial of its own."""
+    """The rows without speculation from an earlier trial without speculation (O(speculation_off)) where they
+    still match the box and this measurement, else None; without them, k = 0 is a trial of its own."""
     given = module.params["speculation_off"]
     if not given or module.params["remeasure"]:
         return None
@@ -559,7 +559,7 @@ def record(module):
     cost = {
         "server_starts": len(trial_ks(module)),
         "seconds": round(time.time() - params["started_at"], 1) if params["started_at"] else None,
-        # k = 0 from the gate's baseline trial (its own start, counted with the baseline): when.
+        # k = 0 from an earlier trial without speculation (its own start, counted there): when.
         "speculation_off_measured_at": reused.get("measured_at") if reused else None,
     }
     kept = {
@@ -665,7 +665,7 @@ def main():
     try:
         if params["step"] == "measure":
             rows = measure(module)
-            # Without speculation, what the rows depend on: the gate's baseline keeps them with it.
+            # Without speculation, what the rows depend on: roles/measurement keeps them with it.
             off = speculation_off_identity(module) if params["k"] == 0 else None
             module.exit_json(changed=False, measurement_due=False, rows=rows, speculation_off_identity=off)
         if params["step"] == "record":

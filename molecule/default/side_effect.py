@@ -62,8 +62,13 @@ def tune_speculation(scenario):
     tuned = scenario.play("deploy.yml", *SPEC_TUNE, "-e", "spec_tune_take_out_of_service=true")
     assert tuned.ok, str(tuned)
     assert len(trial_starts(tuned, host)) == 3, str(tuned)
+    # k = 0 on roles/measurement's trial without speculation (the gate's baseline shares it where it has a
+    # speedup floor), k = 1, 2 on the tuner's own.
+    off = tuned.ran(
+        host=host, role="measurement", file="measurement/tasks/speculation_off.yml", action="spec_tune"
+    )
     measures = tuned.ran(host=host, role="spec_tune", file="spec_tune/tasks/trial.yml", action="spec_tune")
-    assert [r.result["rows"][0]["k"] for r in measures] == [0, 1, 2], str(tuned)
+    assert [r.result["rows"][0]["k"] for r in off + measures] == [0, 1, 2], str(tuned)
     facts = spec_tune_facts(tuned, host)
     assert facts["source"] == "measured", facts
     assert sorted((row["k"], row["concurrency"]) for row in facts["table"]) == [

@@ -406,7 +406,7 @@ def low_drafter_rolled_back(scenario, prometheus, new_key):
         inventory=scenario.second_box_inventory,
     )
     assert not random.ok, str(random)
-    assert random.ran(host=host, role="gate", file="gate/tasks/baseline.yml", action=SMOKE), str(random)
+    assert random.ran(host=host, role="measurement", action=SMOKE), str(random)
     # The changed proxy served its clients on the new port before the gate judged.
     moved = random.ran(host=host, role="vllm_proxy", file="vllm_proxy/tasks/ready.yml", action="script")[0]
     assert json.loads(moved.result["stdout_lines"][-1])["url"] == "http://127.0.0.1:8001", moved.result
@@ -421,7 +421,9 @@ def low_drafter_rolled_back(scenario, prometheus, new_key):
     low = random.one(host=host, role="gate", file="gate/tasks/main.yml", action=SMOKE)
     assert low.facts["speculation_gate"]["rounds"] == 1, str(random)  # clearly below: no second round
     # The speedup over the baseline's first round: the same 8 requests, of the 32 it measured.
-    baseline = random.one(host=host, role="gate", file="gate/tasks/baseline.yml", action=SMOKE)
+    baseline = random.one(
+        host=host, role="measurement", file="measurement/tasks/speculation_off.yml", action=SMOKE
+    )
     first = baseline.facts["speculation_gate"]["per_round"][0]
     assert low.facts["speculation_gate"]["baseline_tokens_per_second"] == round(first[0] / first[1], 2)
     report = json.loads((ROOT / "reports" / f"{host}.json").read_text())
