@@ -91,6 +91,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.prometheus_text import PrometheusParseError, parse_samples
+from ansible.module_utils.served_floors import floor_at
 from ansible.module_utils.spec_metrics import SpecMetricsError, spec_series, window_metrics
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
@@ -119,15 +120,6 @@ def live_figures(text):
         return None
 
 
-def _floor(floors, figure, k):
-    """The box's floor on `figure` at the whole k nearest the mean drafted, from its table (roles/served's
-    served_floors.by_k); None: not gated on it."""
-    table = {int(at): at_k for at, at_k in ((floors or {}).get("by_k") or {}).items()}
-    if not table:
-        return None
-    return table[min(max(1, round(k)), max(table))].get(figure)
-
-
 def live_alerts(box, live, min_position_acceptance):
     """What the counters since the server started say, one short line each."""
     if box.get("error"):
@@ -140,7 +132,7 @@ def live_alerts(box, live, min_position_acceptance):
     if live["num_drafts"]:
         k = live["num_draft_tokens"] / live["num_drafts"]
         for figure in ("mean_acceptance_length", "acceptance_rate"):
-            floor = _floor(box.get("floors"), figure, k)
+            floor = floor_at((box.get("floors") or {}).get("by_k"), figure, k)
             if floor and live[figure] is not None and live[figure] < floor:
                 alerts.append(
                     f"{figure.replace('_', ' ')} {live[figure]:.2f} < floor {floor:.2f} (since start)"

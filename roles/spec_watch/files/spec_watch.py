@@ -27,7 +27,7 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from specfleet_utils import deploy_lock, last_good, prometheus_text  # noqa: E402
+from specfleet_utils import deploy_lock, last_good, prometheus_text, served_floors  # noqa: E402
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -68,19 +68,6 @@ def counters(url):
     if not prometheus_text.select_samples(samples, DRAFTS):
         return None
     return [prometheus_text.sum_samples(samples, name) for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED)]
-
-
-def floor_at(config, k):
-    """The gate's mean acceptance length floor at the k drafted, rounded to a whole k within the box's
-    table (roles/served's served_floors.by_k); None: not gated on it."""
-    table = {
-        int(at): floors["mean_acceptance_length"]
-        for at, floors in config["floors_by_k"].items()
-        if "mean_acceptance_length" in floors
-    }
-    if not table:
-        return None
-    return table[min(max(1, round(k)), max(table))]
 
 
 class Refused(Exception):
@@ -219,7 +206,7 @@ def tick(config, run=subprocess.run):
         )
     else:
         drafts, k, length = measured
-        floor = floor_at(config, k)
+        floor = served_floors.floor_at(config["floors_by_k"], "mean_acceptance_length", k)
         below = floor is not None and length < floor
         state = {"counters": current, "streak": state.get("streak", 0) + 1 if below else 0}
         line = (
