@@ -67,8 +67,8 @@ def run_module(capsys):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Minutes per molecule step of each scenario, and its slowest plays (recorded by
-    tests/scenarios/test_molecule.py): where the next minutes of the suite are."""
+    """Minutes per molecule step of each scenario, the model loads its boxes timed, and its slowest plays
+    (recorded by tests/scenarios/test_molecule.py): where the next minutes of the suite are."""
     rows = []
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -81,9 +81,13 @@ def pytest_terminal_summary(terminalreporter):
                     f"  {value:5.0f} s  {line[:110]}"
                     for value, line in properties.get("scenario_slowest_plays", [])
                 ]
-                rows.append("\n".join([f"{name:<18} {sum(minutes.values()):5.1f} min  ({steps})", *plays]))
+                loads = properties.get("scenario_loads") or {"count": 0, "seconds": 0.0}
+                said = f"{loads['count']} model loads, {loads['seconds'] / 60:.1f} min"
+                rows.append(
+                    "\n".join([f"{name:<18} {sum(minutes.values()):5.1f} min  ({steps}; {said})", *plays])
+                )
     if rows:
-        terminalreporter.write_sep("-", "scenario minutes (and each scenario's slowest plays)")
+        terminalreporter.write_sep("-", "scenario minutes, model loads (and each scenario's slowest plays)")
         for row in sorted(rows):
             for line in row.splitlines():
                 terminalreporter.write_line(line)

@@ -19,6 +19,7 @@ through this driver.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import importlib.util
 import json
@@ -111,6 +112,11 @@ class TaskResult:
     def facts(self) -> dict:
         return self.result.get("ansible_facts", {})
 
+    @property
+    def delegated_to_controller(self) -> bool:
+        """Run on the controller for the box (delegate_to: localhost)."""
+        return self.result.get("_ansible_delegated_vars", {}).get("ansible_connection") == "local"
+
 
 def _relative(task_path: str) -> str:
     path = Path(task_path.rsplit(":", 1)[0])
@@ -170,9 +176,11 @@ class Run:
     def touched(self, host: str) -> bool:
         """Whether anything ran on the box: a task that ran with an action that reaches it (roles/rollout's
         budget check and summary, and roles/served, only set facts on the controller; a reach
-        check that failed ran nothing)."""
+        check that failed ran nothing; a module delegated to the controller reads the controller's files)."""
         return any(
-            r.action not in CONTROLLER_ACTIONS and not (r.file == REACH_CHECK and r.status != "ok")
+            r.action not in CONTROLLER_ACTIONS
+            and not r.delegated_to_controller
+            and not (r.file == REACH_CHECK and r.status != "ok")
             for r in self.ran(host=host)
         )
 
@@ -385,6 +393,9 @@ class Scenario:
         self.runs: dict[str, Run] = {}
         # Each play's seconds and command line, for the slowest ones in the summary (tests/conftest.py).
         self.plays: list[tuple[float, str]] = []
+        # The model loads the boxes timed while this scenario ran (count_loads), for the summary too.
+        self.created_at = ""
+        self.loads = {"count": 0, "seconds": 0.0}
 
     @property
     def inventory(self) -> Path:
@@ -455,6 +466,18 @@ class Scenario:
     def slowest_plays(self, count: int = 3) -> list[tuple[float, str]]:
         return sorted(self.plays, reverse=True)[:count]
 
+    def count_loads(self) -> None:
+        """The model loads every box timed since this scenario created it (roles/vllm_service's loads.json,
+        serving and trial units): the suite's cost, counted as the product counts it."""
+        for box in self.boxes.values():
+            kept = box.sh("cat /var/lib/specfleet/loads/loads.json", check=False)
+            if kept.returncode != 0:
+                continue
+            for load in json.loads(kept.stdout).get("loads", []):
+                if load["started_at"] >= self.created_at:
+                    self.loads["count"] += 1
+                    self.loads["seconds"] += load["seconds"] or 0.0
+
     def syntax(self) -> None:
         inventory = ROOT / (self.profile["profile"] if self.profile else "inventory/local")
         run = run_playbook(self.converge_playbook, "--syntax-check", inventory=inventory)
@@ -497,6 +520,12 @@ class Scenario:
         try:
             for step in self.sequence:
                 started = time.monotonic()
+                if step == "create":
+                    self.created_at = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                        timespec="seconds"
+                    )
+                if step == "destroy":
+                    self.count_loads()
                 if step in own:
                     own[step]()
                 else:
@@ -521,4 +550,6 @@ class Scenario:
             finished = self.sequence[-1] == "destroy"
         finally:
             if not finished:
+                if self.created_at:
+                    self.count_loads()
                 self.molecule("destroy")

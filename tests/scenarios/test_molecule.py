@@ -1,8 +1,8 @@
 """Each molecule scenario, end to end, as one test: a real container, a real vLLM.
 
 tests/driver.py runs molecule's steps and, at the side_effect step, the scenario's Python side
-effect. SPECFLEET_SCENARIOS (comma-separated) narrows the run. Each step's minutes, and the
-scenario's slowest plays, are printed in the summary at the end of the run.
+effect. SPECFLEET_SCENARIOS (comma-separated) narrows the run. Each step's minutes, the model loads
+its boxes timed and the scenario's slowest plays are printed in the summary at the end of the run.
 """
 
 import os
@@ -25,3 +25,4 @@ def test_molecule_scenario(name, tmp_path, record_property):
     finally:
         record_property("scenario_minutes", scenario.minutes)
         record_property("scenario_slowest_plays", scenario.slowest_plays())
+        record_property("scenario_loads", scenario.loads)
