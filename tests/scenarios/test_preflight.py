@@ -11,7 +11,7 @@ import json
 
 import pytest
 from driver import ROOT, Box, podman, run_playbook, ssh_inventory
-from metadata_wheels import wheelhouse
+from metadata_wheels import metadata_files
 
 BOX = "specfleet-preflight"
 HOST = "sim-gpu-box"  # the embedded default's box, here in a container of its own
@@ -34,6 +34,8 @@ ON_THE_CONTROLLER = {
     "tls-without-proxy",
     "progress-interval",
     "environment-newline",
+    "speculative-key",
+    "speculative-method",
     "k-above-trained",
     "schedule-needs-0.24",
     "tuner-concurrency",
@@ -184,8 +186,8 @@ def assert_stopped_untouched(run, box, reason):
             "vllm_service_environment: FOO='a\\nExecStartPre=+/bin/touch /tmp/pwned' holds a control "
             "character",
         ),
-        # The bare box has no vLLM yet: the keys are read from the pinned release's wheel (prompt_lookup_max
-        # is one of vLLM 0.32's fields that a hand-kept list once refused).
+        # Read from the pinned release's wheel in the controller's wheelhouse, in the inventory's checks
+        # (prompt_lookup_max is one of vLLM 0.32's fields that a hand-kept list once refused).
         (
             ["-e", '{"eagle3_drafter_speculative_extra": {"bogus_key": 1, "prompt_lookup_max": 4}}'],
             "speculative config key(s) bogus_key unknown to vLLM 0.32.0",
@@ -356,6 +358,23 @@ def test_bad_workload_file_stops_before_any_box_is_contacted(box, deploy, tmp_pa
     assert not run.touched(HOST), str(run)
 
 
+def test_a_workload_past_the_models_own_context_stops_in_preflight(box, deploy, tmp_path):
+    """Without --max-model-len the context is the model's max_position_embeddings (the sim's 512), read on
+    the box: the workload file as the inventory's checks read it is held to it there, before any change."""
+    workload = tmp_path / "traffic.jsonl"
+    long_answer = '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 600}'
+    distinct = [json.dumps({"messages": [{"role": "user", "content": f"Count to {n}."}]}) for n in range(4)]
+    workload.write_text("\n".join([*distinct, long_answer]) + "\n")
+    without_max_model_len = '{"vllm_service_extra_args": ["--max-num-seqs", "8", "--enforce-eager"]}'
+    run = deploy("-e", f"gate_workload_file={workload}", "-e", without_max_model_len)
+    assert_stopped_untouched(
+        run,
+        box,
+        f"{workload} asks for max_tokens 600 in a request, but the model's context on {HOST} is 512 tokens",
+    )
+    assert run.select(host=HOST, role="preflight", status="failed"), str(run)
+
+
 @pytest.mark.parametrize(
     ("python", "reason"),
     [
@@ -376,11 +395,12 @@ def test_a_python_the_release_cannot_run_on_stops_in_preflight(box, deploy, pyth
 
 def test_a_driver_too_old_for_the_release_stops_in_preflight(box, deploy, tmp_path):
     """The inventory's driver (the sim box's 575.57.08) against the CUDA of the torch vLLM 0.33.0 pins, read
-    from the releases' own metadata in the controller's wheelhouse, before anything changes."""
-    wheelhouse(tmp_path / "vllm-0.33.0", python="cp311")
+    from the releases' own metadata files on the controller (vllm_release_metadata_dir, as an index serves
+    them), before anything changes."""
+    metadata = metadata_files(tmp_path / "metadata", python="cp311")
     run = deploy(
-        "-e", "vllm_platform=cuda", "-e", "vllm_version=0.33.0", "-e", f"vllm_wheelhouse_cache={tmp_path}"
-    )
+        "-e", "vllm_platform=cuda", "-e", "vllm_version=0.33.0", "-e", f"vllm_release_metadata_dir={metadata}"
+    )  # fmt: skip
     assert_stopped_untouched(
         run,
         box,
@@ -389,9 +409,9 @@ def test_a_driver_too_old_for_the_release_stops_in_preflight(box, deploy, tmp_pa
     )
 
 
-def test_a_model_the_release_does_not_run_stops_in_preflight(box, deploy, tmp_path):
+def test_a_model_the_release_does_not_run_stops_before_any_box_is_contacted(box, deploy, tmp_path):
     """Weights to ship whose config.json names an architecture vLLM 0.32.0 retired (its registry keeps
-    Phi3Small only to say so), read on the controller against the pinned wheel, before anything changes."""
+    Phi3Small only to say so), read on the controller against the pinned wheel, in the inventory's checks."""
     weights = tmp_path / "phi3-small"
     weights.mkdir()
     config = json.loads((ROOT / "build/sim-models/tokenmap/config.json").read_text())
@@ -405,6 +425,8 @@ def test_a_model_the_release_does_not_run_stops_in_preflight(box, deploy, tmp_pa
         "model architecture(s) Phi3SmallForCausalLM not run by vLLM 0.32.0 (its "
         "vllm/model_executor/models/registry.py): vLLM cannot load the model",
     )
+    assert run.select(host=HOST, role="validate_inventory", status="failed"), str(run)
+    assert not run.touched(HOST), str(run)
 
 
 def test_weights_without_room_on_their_volume_stop_in_preflight(box, deploy):
