@@ -67,7 +67,17 @@ def render(tmp: Path, cases: dict[str, dict]) -> dict[str, Path]:
     group = {"ansible_python_interpreter": sys.executable}
     for path in ROLE_VALUES:
         group.update(yaml.safe_load((ROOT / path).read_text()))
-    hosts = {name: {**values, "site_out": str(tmp / f"{name}.conf")} for name, values in cases.items()}
+    # A capture case's definitions and locations beside its site (<name>-capture.conf, .locations), where its
+    # site includes them.
+    hosts = {
+        name: {
+            **values,
+            "site_out": str(tmp / f"{name}.conf"),
+            "capture_out": str(tmp / f"{name}-capture"),
+            "__vllm_proxy_capture_locations": str(tmp / f"{name}-capture.locations"),
+        }
+        for name, values in cases.items()
+    }
     inventory = tmp / "render-inventory.json"
     inventory.write_text(json.dumps({"all": {"vars": group, "hosts": hosts}}))
     run = run_playbook("tests/proxy_site/render.yml", "--forks", "10", inventory=inventory)
@@ -129,6 +139,8 @@ class Nginx:
         self.tmp = tmp / "nginx"
         self.tmp.mkdir(exist_ok=True)
         self.site = self.tmp / "site.conf"
+        # The capture's definitions, as conf.d/ holds them beside the site (start's `capture`).
+        self.capture = self.tmp / "capture.conf"
         temp = " ".join(
             f"{kind}_temp_path {self.tmp}/{kind};"
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
@@ -137,7 +149,8 @@ class Nginx:
         self.conf.write_text(
             f"user root root;\nworker_processes 1;\npid {self.tmp}/nginx.pid;\n"
             f"error_log {self.tmp}/error.log;\n"
-            f"events {{}}\nhttp {{\n    {temp}\n    access_log off;\n    include {self.site};\n}}\n"
+            f"events {{}}\nhttp {{\n    {temp}\n    access_log off;\n    include {self.capture}*;\n"
+            f"    include {self.site};\n}}\n"
         )
         self.process = None
         # roles/vllm_proxy's check reloads with systemctl: here, this nginx's own reload.
@@ -156,6 +169,9 @@ class Nginx:
 
     def start(self, site: Path, port: int):
         shutil.copy(site, self.site)
+        definitions = site.with_name(f"{site.stem}-capture.conf")
+        if definitions.exists():
+            shutil.copy(definitions, self.capture)
         self.process = subprocess.Popen(self.argv("-g", "daemon off;"), stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -334,29 +334,58 @@ def served_loads(scenario):
     return json.loads(scenario.box.out("cat /var/lib/specfleet/loads/loads.json"))["loads"]
 
 
+CAPTURE = {"vllm_proxy_capture": True, "vllm_proxy_capture_percent": 100}
+# nginx's part of the capture, its directory, its timer and what that runs (roles/vllm_proxy's capture.yml).
+CAPTURED = [
+    "/etc/nginx/conf.d/specfleet-vllm-capture.conf",
+    "/etc/nginx/specfleet-vllm-capture.locations",
+    "/var/lib/specfleet/capture",
+    "/etc/systemd/system/specfleet-capture-prune.timer",
+    "/usr/local/lib/specfleet/capture_prune.py",
+]
+CHATS = """
+import json, sys, urllib.request
+for n in range(3):
+    body = {"model": sys.argv[3], "messages": [{"role": "user", "content": f"Count to {n}."}],
+            "max_tokens": 8, "temperature": 0, "seed": n}
+    request = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + sys.argv[2],
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        assert answer.status == 200
+    print(json.dumps(body))
+"""
+
+
 def keys_rotate_without_a_model_load(scenario, monitored):
     """The documented rotation (docs/operations.md, "Rotating the API key"): a 64-character key beside the
-    inventory's with --tags vllm_proxy, both served; then the new one alone, the old refused. Each step is the
-    proxy's alone: the site and nginx's reload, the clients' path checked with the first key, the record's
-    site merged; vLLM never restarts and the box times no load."""
+    inventory's with --tags vllm_proxy, both served; then the new one alone, the old refused, with the box's
+    own traffic captured (every answered request, for the story). Each step is the proxy's alone: the site
+    and nginx's reload, the clients' path checked with the first key, the record's site merged; vLLM never
+    restarts and the box times no load."""
     host, box = scenario.host, scenario.box
     pid = box.out("systemctl show vllm --property=MainPID --value").strip()
     loads = served_loads(scenario)
     new_key = secrets.token_hex(32)
-    for keys, accepted, refused in (
-        ([new_key, API_KEY], [new_key, API_KEY], []),
-        ([new_key], [new_key], [API_KEY]),
+    for keys, accepted, refused, capture in (
+        ([new_key, API_KEY], [new_key, API_KEY], [], {}),
+        ([new_key], [new_key], [API_KEY], CAPTURE),
     ):
         rotated = scenario.play(
             "deploy.yml",
             "--tags",
             "vllm_proxy",
-            extra_vars={"vllm_service_api_keys": keys},
+            extra_vars={"vllm_service_api_keys": keys, **capture},
             inventory=monitored,
         )
         assert rotated.ok, str(rotated)
         changed = [(r.role, r.action.rsplit(".", 1)[-1]) for r in rotated.changed_results(host=host)]
+        # The capture's directory, script, units, timer and nginx's part, before the site that includes it.
+        capture_on = [
+            ("vllm_proxy", action) for action in ("file", "copy", "template", "systemd_service", "template")
+        ]
         assert changed == [
+            *(capture_on if capture else []),
             ("vllm_proxy", "template"),
             ("vllm_proxy", "systemd_service"),
             ("transaction", "last_good"),
@@ -376,7 +405,37 @@ def keys_rotate_without_a_model_load(scenario, monitored):
     box.sh(f"grep -q '{new_key}' /var/lib/specfleet/last_good/files/proxy")
     assert box.out("systemctl show vllm --property=MainPID --value").strip() == pid
     assert served_loads(scenario) == loads
+    traffic_captured_at_the_proxy(scenario, new_key)
     return new_key
+
+
+def traffic_captured_at_the_proxy(scenario, key):
+    """Three chat requests from a client through the proxy, then the capture's timer run as it runs: the
+    sample holds their bodies as sent, root's only, and no key."""
+    box = scenario.box
+    sent = (
+        client(
+            [
+                "python3",
+                "-c",
+                CHATS,
+                f"http://{box_address(scenario)}:8000",
+                key,
+                yaml.safe_load(GROUP_VARS.read_text())["vllm_service_served_model_name"],
+            ]
+        )
+        .strip()
+        .splitlines()
+    )
+    assert box.out("systemctl is-enabled specfleet-capture-prune.timer").strip() == "enabled"
+    box.sh("systemctl start specfleet-capture-prune.service")
+    sample = box.out("cat /var/lib/specfleet/capture/sample.jsonl").splitlines()
+    # The clients' path check after the site changed came from the box itself: not kept.
+    assert [json.loads(line)["body"] for line in sample] == [json.loads(body) for body in sent], sample
+    assert box.out(
+        "stat -c '%a %U' /var/lib/specfleet/capture /var/lib/specfleet/capture/sample.jsonl"
+    ).split("\n")[:2] == ["700 root", "600 root"]
+    box.sh(f"! grep -rq '{key}' /var/lib/specfleet/capture")
 
 
 def low_drafter_rolled_back(scenario, prometheus, new_key):
@@ -437,6 +496,9 @@ def low_drafter_rolled_back(scenario, prometheus, new_key):
     assert not random.ran(host=host, role="transaction", file="transaction/tasks/fallback.yml"), str(random)
     assert scenario.box.out("readlink /srv/drafters/current").strip() == good
     assert answers(scenario, [new_key, newer_key]) == {new_key: 200, newer_key: 401}
+    # This run turned the capture off (the inventory's default), sample and all; the site put back (recorded
+    # with it on) includes no capture of its own, so it stays off.
+    assert not [path for path in CAPTURED if scenario.box.exists(path)], CAPTURED
     [(status, why)] = probe(client, f"http://{box_address(scenario)}:8001", ["/health"]).values()
     assert status is None and "refused" in why, why
     assert newer_key not in random.stdout

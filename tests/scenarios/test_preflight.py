@@ -34,6 +34,7 @@ ON_THE_CONTROLLER = {
     "tls-without-proxy",
     "progress-interval",
     "environment-newline",
+    "capture-share",
     "speculative-key",
     "speculative-method",
     "k-above-trained",
@@ -186,6 +187,11 @@ def assert_stopped_untouched(run, box, reason):
             "vllm_service_environment: FOO='a\\nExecStartPre=+/bin/touch /tmp/pwned' holds a control "
             "character",
         ),
+        (
+            ["-e", "vllm_proxy_capture=true", "-e", "vllm_proxy_capture_percent=0.005"],
+            "vllm_proxy_capture_percent=0.005 is not a share of requests above 0 and at most 100, in at most "
+            "two decimals",
+        ),
         # Read from the pinned release's wheel in the controller's wheelhouse, in the inventory's checks
         # (prompt_lookup_max is one of vLLM 0.32's fields that a hand-kept list once refused).
         (
@@ -280,6 +286,7 @@ def assert_stopped_untouched(run, box, reason):
         "tls-without-proxy",
         "progress-interval",
         "environment-newline",
+        "capture-share",
         "speculative-key",
         "speculative-method",
         "k-above-trained",

@@ -1,15 +1,18 @@
 """roles/vllm_proxy's site in Debian's nginx, as an operator uses it and an attacker probes it
 (tests/nginx_proxy.py): keys of any length and of the common generators' alphabets, compared exactly; several
 keys at once while they rotate; no way around the allow-list by encoded or dotted paths; a dual-stack listener
-on "::"; TLS with a CA the test makes; and the clients' path check (files/proxy_ready.py), which catches a
-reload nginx did not apply and a proxy that cannot serve."""
+on "::"; TLS with a CA the test makes; the clients' path check (files/proxy_ready.py), which catches a
+reload nginx did not apply and a proxy that cannot serve; and the capture of the box's own traffic, with the
+timer's script that bounds it (files/capture_prune.py)."""
 
 import base64
+import datetime
 import importlib.util
 import json
 import os
 import secrets
 import socket
+import stat
 
 import pytest
 from nginx_proxy import (
@@ -39,6 +42,7 @@ KEYS = {
 }
 OLD_KEY, NEW_KEY = secrets.token_hex(32), secrets.token_hex(32)
 PROMETHEUS = "10.9.9.9"
+CAPTURE_PRUNE = PROXY_READY.parent / "capture_prune.py"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +82,8 @@ def sites(tmp_path_factory, upstream, certificates):
             case("open", vllm_service_open=True),
             case("dual_stack", vllm_service_api_key=OLD_KEY, vllm_service_host="::"),
             case("no_timeout", vllm_service_api_key=OLD_KEY, vllm_proxy_timeout_s=0),
+            case("capture_all", vllm_service_api_key=OLD_KEY, **capture(tmp / "capture_all", 100)),
+            case("capture_half", vllm_service_api_key=OLD_KEY, **capture(tmp / "capture_half", 50)),
             case(
                 "tls",
                 vllm_service_api_key=OLD_KEY,
@@ -88,12 +94,24 @@ def sites(tmp_path_factory, upstream, certificates):
             ),
         ]
     )
+    for name in ("capture_all", "capture_half"):
+        (tmp / name).mkdir(mode=0o700)  # tasks/capture.yml makes it before the site
     (tmp / "tls.crt").write_text(certificate)
     (tmp / "tls.key").write_text(key)
     (tmp / "loads").mkdir()
     (tmp / "loads" / "loads.prom").write_text("specfleet_vllm_kept_loads 1\n")
     rendered = render(tmp, cases)
     return {name: (path, ports[name]) for name, path in rendered.items()}
+
+
+def capture(directory, percent):
+    """The capture's values, into `directory`, with a request budget small enough to be passed."""
+    return {
+        "vllm_proxy_capture": True,
+        "vllm_proxy_capture_percent": percent,
+        "vllm_proxy_capture_dir": str(directory),
+        "vllm_proxy_capture_max_request_bytes": 4096,
+    }
 
 
 @pytest.fixture
@@ -288,3 +306,90 @@ def test_the_check_reads_the_site_s_keys_back_as_written(sites):
     assert site["keys"] == list(KEYS.values())
     assert (site["host"], site["port"], site["tls"]) == ("127.0.0.1", sites["keys"][1], False)
     assert proxy_ready.read_site(sites["open"][0].read_text())["keys"] == []
+
+
+def load_capture_prune():
+    spec = importlib.util.spec_from_file_location("capture_prune", CAPTURE_PRUNE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def chat(port, key, content="Why is the sky blue?", **fields):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], **fields}
+    return request(port, "POST", "/v1/chat/completions", key, body=body), body
+
+
+def prune(directory, max_bytes=10**6, retention_days=7):
+    """The timer's run, as its unit runs it; the sample after it."""
+    load_capture_prune().main(
+        ["--dir", str(directory), "--max-bytes", str(max_bytes), "--retention-days", str(retention_days)]
+    )
+    sample = directory / "sample.jsonl"
+    assert stat.S_IMODE(sample.stat().st_mode) == 0o600
+    return [json.loads(line) for line in sample.read_text().splitlines()]
+
+
+def test_capture_keeps_the_bodies_of_answered_completions_and_nothing_else(nginx, sites):
+    """At 100%: the bodies of the chat and completion requests vLLM answered, as sent (sampling parameters
+    included); never a key, a refused request, another route, a body over the request budget or the box's own
+    probe; nginx goes on writing after the timer's run empties its log."""
+    port = serve(nginx, sites, "capture_all")
+    directory = sites["capture_all"][0].parent / "capture_all"
+    (status, _), sent = chat(port, OLD_KEY, temperature=0.7, top_p=0.9, max_tokens=32, seed=3)
+    assert status == 200
+    completion_body = {"model": "tiny", "prompt": "The", "max_tokens": 8}
+    assert request(port, "POST", "/v1/completions", OLD_KEY, body=completion_body)[0] == 200
+    assert chat(port, "not-the-key")[0][0] == 401
+    assert request(port, "GET", "/v1/models", OLD_KEY)[0] == 200
+    assert request(port, "POST", "/v1/embeddings", OLD_KEY, body={"input": "x"})[0] == 200
+    assert chat(port, OLD_KEY, content="x" * 8192)[0][0] == 200  # over the 4096-byte budget
+    assert nginx.ready().returncode == 0  # the box's own probe, a completion with the key
+    assert OLD_KEY not in (directory / "incoming.log").read_text()
+    kept = prune(directory)
+    assert [(entry["path"], entry["body"]) for entry in kept] == [
+        ("/v1/chat/completions", sent),
+        ("/v1/completions", completion_body),
+    ]
+    assert (directory / "incoming.log").stat().st_size == 0
+    (status, _), later = chat(port, OLD_KEY, content="And the sunset red?")
+    assert status == 200
+    assert [entry["body"] for entry in prune(directory)][-1] == later
+
+
+def test_capture_keeps_the_share_it_is_given(nginx, sites):
+    """At 50%, by request id: of 200 answered requests, a share within 5 standard deviations of 100."""
+    port = serve(nginx, sites, "capture_half")
+    for n in range(200):
+        assert chat(port, OLD_KEY, content=f"Count to {n}.")[0][0] == 200
+    kept = prune(sites["capture_half"][0].parent / "capture_half")
+    assert 100 - 5 * 7.1 < len(kept) < 100 + 5 * 7.1, len(kept)
+
+
+def test_capture_is_off_by_default(sites):
+    """Without vllm_proxy_capture nothing keeps a request: the site logs nothing, and the capture's files,
+    which it would include, are not written."""
+    site = sites["old_key"][0]
+    assert "access_log" not in site.read_text() and "request_body" not in site.read_text()
+    assert not list(site.parent.glob("old_key-capture.*"))
+
+
+def test_the_sample_keeps_the_newest_within_its_age_and_size(tmp_path):
+    """The timer's bounds: requests older than the retention go, then the oldest until the sample fits; a
+    line that is not a capture (an empty body, a broken line) is dropped."""
+    capture_prune = load_capture_prune()
+    now = datetime.datetime(2026, 12, 7, 12, 0, tzinfo=datetime.timezone.utc)
+
+    def logged(hours_ago, content):
+        when = (now - datetime.timedelta(hours=hours_ago)).isoformat()
+        body = json.dumps({"messages": [{"role": "user", "content": content}]})
+        return json.dumps({"time": when, "path": "/v1/chat/completions", "body": body})
+
+    lines = [logged(200, "too old"), logged(3, "old"), logged(2, "mid"), logged(1, "new")]
+    lines += [json.dumps({"time": now.isoformat(), "path": "/v1/completions", "body": ""}), "{broken"]
+    (tmp_path / "incoming.log").write_text("\n".join(lines) + "\n")
+    entry_bytes = len(json.dumps(next(capture_prune.captures([lines[1]])), separators=(",", ":"))) + 1
+    assert capture_prune.prune(tmp_path, 2 * entry_bytes + 2, 7, now=now) == 2
+    sample = [json.loads(line) for line in (tmp_path / "sample.jsonl").read_text().splitlines()]
+    assert [entry["body"]["messages"][0]["content"] for entry in sample] == ["mid", "new"]
+    assert capture_prune.prune(tmp_path, 10**6, 1.5 / 24, now=now) == 1  # 1.5 h: "new" alone

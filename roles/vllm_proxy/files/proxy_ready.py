@@ -85,6 +85,8 @@ class Client:
     def request(self, method, path, body=None, key=None):
         """(status, body text, the server's certificate in DER or None)."""
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        # The box's own probe: the capture of the clients' traffic leaves it out (templates/capture.conf.j2).
+        headers["X-Specfleet-Probe"] = "1"
         if key:
             headers["Authorization"] = f"Bearer {key}"
         connection = self.connection()
